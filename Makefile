@@ -1,0 +1,88 @@
+# gaudi-cluster: every target uses the project's virtual environment in .venv (make venv).
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+GIT_REV := $(shell git rev-parse --short HEAD 2>/dev/null || echo nogit)
+IMAGE_NAME ?= gaudi-cluster
+IMAGE_CPU ?= $(IMAGE_NAME):cpu
+IMAGE_GAUDI ?= $(IMAGE_NAME):gaudi
+BASE_IMAGE_CPU ?= gaudi-cluster/debian:bookworm
+NODES ?= 3
+export GAUDI_CLUSTER_IMAGE ?= $(IMAGE_CPU)
+
+.PHONY: help venv lint test test-unit test-train test-image test-cluster image image-cpu base-image \
+        wheelhouse keys demo up down logs bench clean
+
+help: ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-14s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: requirements/dev.txt pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q -r requirements/dev.txt
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	touch $@
+
+venv: $(VENV)/.installed ## create .venv with the pinned tools and the package (editable)
+
+lint: venv ## ruff, shellcheck, hadolint
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/shellcheck -x entrypoint/*.sh scripts/*.sh image/*.sh .ci/run bench/*.sh
+	$(VENV)/bin/hadolint Dockerfile
+
+test-unit: venv ## pure unit tests (no Docker, no training)
+	$(PY) -m pytest -q tests/unit
+
+test-train: venv ## train the default model for real on 2 local CPU ranks
+	$(PY) -m pytest -q tests/train
+
+test-image: venv image-cpu ## testinfra checks of the cpu image
+	$(PY) -m pytest -q tests/image
+
+test-cluster: venv image-cpu ## real multi-container clusters that train
+	$(PY) -m pytest -q tests/cluster
+
+test: venv ## all tests (builds the cpu image; needs a Docker engine)
+	$(MAKE) image-cpu
+	$(PY) -m pytest -q tests
+
+base-image: ## the Debian 12 base of the cpu flavor (pulled, or debootstrapped offline)
+	scripts/make-base-image.sh $(BASE_IMAGE_CPU)
+
+wheelhouse: venv ## download/build the cpu image's wheels on the host (build/wheelhouse)
+	scripts/make-wheelhouse.sh
+
+image-cpu: base-image wheelhouse ## build the cpu flavor (offline)
+	docker build -t $(IMAGE_CPU) -t $(IMAGE_NAME):$(VERSION)-cpu-$(GIT_REV) \
+	  --build-arg FLAVOR=cpu --build-arg BASE_IMAGE=$(BASE_IMAGE_CPU) \
+	  --build-arg VERSION=$(VERSION) --build-arg GIT_REV=$(GIT_REV) .
+
+image: ## build the gaudi flavor (needs vault.habana.ai and the internet)
+	source image/versions.env && docker build -t $(IMAGE_GAUDI) -t $(IMAGE_NAME):$(VERSION)-gaudi-$(GIT_REV) \
+	  --build-arg FLAVOR=gaudi --build-arg BASE_IMAGE="$$GAUDI_BASE_IMAGE" \
+	  --build-arg VERSION=$(VERSION) --build-arg GIT_REV=$(GIT_REV) .
+
+keys: ## make the cluster's ssh keypair in .keys/ (git-ignored, 0600)
+	scripts/make-keys.sh .keys
+
+demo: venv ## train the bundled model across a master and two workers, then evaluate
+	scripts/demo.sh
+
+up: venv keys ## start a local simulated cluster with compose (NODES=3)
+	scripts/compose.sh up $(NODES)
+
+down: venv ## stop the local compose cluster
+	scripts/compose.sh down
+
+logs: venv ## follow the local compose cluster's logs
+	scripts/compose.sh logs
+
+bench: venv ## measure bring-up, overhead, failure detection, scale, throughput, image
+	$(PY) -m bench
+
+clean: ## remove build outputs (not the images)
+	rm -rf build .pytest_cache .ruff_cache

@@ -1,0 +1,5 @@
+import sys
+
+from gaudi_cluster.cli import main
+
+sys.exit(main())

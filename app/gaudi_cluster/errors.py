@@ -1,0 +1,29 @@
+"""The few error types of gaudi-cluster, each bound to one exit code (mapped in cli.main)."""
+
+from __future__ import annotations
+
+
+class GaudiClusterError(Exception):
+    """Base class: the message is one line that names the culprit and the fix."""
+
+    exit_code = 1
+
+
+class ConfigError(GaudiClusterError):
+    """Bad input (flag, env var, hostfile, env file, key): nothing was launched."""
+
+    exit_code = 2
+
+
+class ClusterNotReady(GaudiClusterError):
+    """Peers missing at the deadline, unreachable, or failing the preflight: nothing was launched."""
+
+    exit_code = 3
+
+
+class JobFailed(GaudiClusterError):
+    """The job ran and failed; exit_code carries the job's own code (128+N for signal N)."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code

@@ -1,0 +1,264 @@
+"""The rank agent: runs one rank's program on its node and keeps the master informed.
+
+Every launcher (deepspeed, mpirun, torchrun) starts `python -m gaudi_cluster.rank ... -- PROGRAM`
+once per rank. The agent gives the program its own process group (so this job's processes can be
+stopped without touching anyone else's), records a pid file under the job's directory, prefixes
+each output line with "[host rank N]", keeps the last lines for the failure report, and talks to
+the master over the control channel: it reports its exit, and it kills its rank when told to or
+when the master disappears (connection closed, or no heartbeat for --heartbeat-timeout seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from gaudi_cluster.control import BEAT_INTERVAL_S, Channel, connect
+
+TAIL_LINES = 30
+
+
+def rank_identity(environ: dict[str, str]) -> tuple[int, int, int, int]:
+    """(rank, local_rank, world_size, local_world_size) from torch/deepspeed or OpenMPI variables."""
+
+    def first(*names: str, default: int) -> int:
+        for name in names:
+            if environ.get(name, "").strip():
+                return int(environ[name])
+        return default
+
+    rank = first("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", default=0)
+    local_rank = first("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", default=0)
+    world = first("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", default=1)
+    local_world = first("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", default=1)
+    return rank, local_rank, world, local_world
+
+
+class RankAgent:
+    def __init__(
+        self,
+        job_id: str,
+        program: Sequence[str],
+        control: str | None,
+        job_root: Path,
+        heartbeat_timeout_s: float,
+        connect_timeout_s: float = 30.0,
+    ) -> None:
+        self.job_id = job_id
+        self.program = list(program)
+        self.control_address = control
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.host = socket.gethostname()
+        self.env = dict(os.environ)
+        self.rank, self.local_rank, self.world, self.local_world = rank_identity(self.env)
+        # Programs launched by mpirun read the torch names, as under deepspeed and torchrun.
+        self.env.update(
+            RANK=str(self.rank),
+            LOCAL_RANK=str(self.local_rank),
+            WORLD_SIZE=str(self.world),
+            LOCAL_WORLD_SIZE=str(self.local_world),
+            GAUDI_CLUSTER_JOB_ID=job_id,
+        )
+        self.job_dir = job_root / job_id
+        self.job_dir.mkdir(parents=True, exist_ok=True)
+        self.progress_file = self.job_dir / f"rank{self.rank}.progress"
+        self.env["GAUDI_CLUSTER_PROGRESS_FILE"] = str(self.progress_file)
+        self.pid_file = self.job_dir / f"rank{self.rank}.pid"
+        self.log_path = self.job_dir / f"rank{self.rank}.log"
+        self.prefix = f"[{self.host} rank {self.rank}] ".encode()
+        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.last_output = time.time()
+        self.last_beat = time.monotonic()
+        self.stop_reason: str | None = None
+        self.child: subprocess.Popen[bytes] | None = None
+        self.channel: Channel | None = None
+        self._stop_lock = threading.Lock()
+        self._stdout_ok = True
+
+    # --- the rank's process group -------------------------------------------------------------
+
+    def start_child(self) -> None:
+        self.child = subprocess.Popen(
+            self.program,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        # "<process group> <agent pid>": what `gaudi-cluster reap` needs to end this job and only it.
+        self.pid_file.write_text(f"{self.child.pid} {os.getpid()}\n")
+
+    def stop_child(self, reason: str, grace_s: float) -> None:
+        """SIGTERM the rank's whole process group, SIGKILL whatever is left after grace_s."""
+        with self._stop_lock:
+            if self.stop_reason is not None or self.child is None:
+                return
+            self.stop_reason = reason
+        self.say(f"stopping rank: {reason}")
+        child = self.child
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        # The group may outlive its leader (dataloader workers): kill it either way.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+
+    # --- output ---------------------------------------------------------------------------------
+
+    def say(self, text: str) -> None:
+        self._emit(f"gaudi-cluster[rank]: {text}".encode())
+
+    def _emit(self, line: bytes) -> None:
+        self.tail.append(line.decode(errors="replace"))
+        out = self.prefix + line + b"\n"
+        with contextlib.suppress(OSError):
+            self._log.write(out)
+            self._log.flush()
+        if self._stdout_ok:
+            try:
+                sys.stdout.buffer.write(out)
+                sys.stdout.buffer.flush()
+            except (BrokenPipeError, OSError):
+                # The launcher's ssh session is gone; keep running under the control channel's
+                # supervision and keep the local log.
+                self._stdout_ok = False
+
+    def pump_output(self) -> None:
+        assert self.child is not None and self.child.stdout is not None
+        pending = b""
+        for chunk in iter(lambda: self.child.stdout.read1(65536), b""):  # type: ignore[union-attr]
+            self.last_output = time.time()
+            pending += chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                self._emit(line)
+        if pending:
+            self._emit(pending)
+
+    # --- control channel ------------------------------------------------------------------------
+
+    def _progress(self) -> tuple[int | None, float | None]:
+        try:
+            data = json.loads(self.progress_file.read_text())
+            return int(data.get("step")), float(data.get("t"))
+        except (OSError, ValueError, TypeError):
+            return None, None
+
+    def listen(self) -> None:
+        assert self.channel is not None
+        while True:
+            message = self.channel.receive()
+            if message is None:
+                self.stop_child("the master closed the control channel (master stopped or lost)", grace_s=5)
+                return
+            self.last_beat = time.monotonic()
+            if message.get("type") == "stop":
+                reason = message.get("reason", "the master stopped the job")
+                self.stop_child(reason, grace_s=float(message.get("grace", 10)))
+
+    def beat(self) -> None:
+        assert self.channel is not None and self.child is not None
+        while self.child.poll() is None:
+            step, step_time = self._progress()
+            self.channel.send(
+                {"type": "beat", "step": step, "step_time": step_time, "last_output": self.last_output}
+            )
+            silent_for = time.monotonic() - self.last_beat
+            if silent_for > self.heartbeat_timeout_s:
+                self.stop_child(f"no heartbeat from the master for {silent_for:.0f}s", grace_s=5)
+                return
+            time.sleep(BEAT_INTERVAL_S)
+
+    # --- main -----------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        self._log = self.log_path.open("ab")
+        if self.control_address:
+            try:
+                self.channel = connect(self.control_address, self.connect_timeout_s)
+            except ConnectionError as error:
+                self.say(f"error: {error}; the rank is not started without supervision")
+                return 1
+            self.channel.send({"type": "hello", "job": self.job_id, "host": self.host, "rank": self.rank,
+                               "pid": os.getpid()})
+        try:
+            self.start_child()
+        except OSError as error:
+            self.say(f"error: cannot start {self.program[0]!r}: {error}")
+            self._report(127, None)
+            return 127
+        forwarded = self._forward_signals()
+        pump = threading.Thread(target=self.pump_output, name="pump", daemon=True)
+        pump.start()
+        if self.channel is not None:
+            threading.Thread(target=self.listen, name="listen", daemon=True).start()
+            threading.Thread(target=self.beat, name="beat", daemon=True).start()
+        assert self.child is not None
+        returncode = self.child.wait()
+        pump.join(timeout=5)
+        code, signum = (128 - returncode, -returncode) if returncode < 0 else (returncode, None)
+        if signum is None and forwarded and returncode == 0:
+            code = 128 + forwarded[-1]
+        self._report(code, signum)
+        with contextlib.suppress(OSError):
+            self.pid_file.unlink()
+        return code
+
+    def _report(self, code: int, signum: int | None) -> None:
+        if self.channel is None:
+            return
+        self.channel.send({"type": "exit", "code": code, "signal": signum, "tail": list(self.tail),
+                           "stop_reason": self.stop_reason})
+        self.channel.close()
+
+    def _forward_signals(self) -> list[int]:
+        """SIGTERM/SIGINT to the agent (e.g. from deepspeed's launch.py) stop the rank gracefully."""
+        received: list[int] = []
+
+        def handler(signum: int, _frame: object) -> None:
+            received.append(signum)
+            threading.Thread(
+                target=self.stop_child, args=(f"agent received {signal.Signals(signum).name}", 15), daemon=True
+            ).start()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+        return received
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gaudi_cluster.rank", description=__doc__.splitlines()[0])
+    parser.add_argument("--job-id", required=True)
+    parser.add_argument("--control", help="HOST:PORT of the master's control channel")
+    parser.add_argument("--job-root", default=os.environ.get("GAUDI_CLUSTER_JOB_ROOT", "/run/gaudi-cluster/jobs"))
+    parser.add_argument("--heartbeat-timeout", type=float,
+                        default=float(os.environ.get("GAUDI_CLUSTER_HEARTBEAT_TIMEOUT", "10")))
+    parser.add_argument("--connect-timeout", type=float, default=30.0,
+                        help="seconds to keep trying the master's control channel before giving up")
+    parser.add_argument("program", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    program = args.program[1:] if args.program[:1] == ["--"] else args.program
+    if not program:
+        parser.error("no program given after --")
+    agent = RankAgent(args.job_id, program, args.control, Path(args.job_root), args.heartbeat_timeout,
+                      args.connect_timeout)
+    return agent.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

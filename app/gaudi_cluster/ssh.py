@@ -1,0 +1,160 @@
+"""ssh to the nodes: one job-local client config, parallel commands, readable failures.
+
+Host-key trust is per job: `StrictHostKeyChecking accept-new` into a known_hosts file inside the
+job's directory, so a cluster rebuilt with new host keys never trips a stale global known_hosts and
+trust is never disabled globally. Every call is BatchMode (never prompts) with a connect timeout.
+"""
+
+from __future__ import annotations
+
+import shlex
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from gaudi_cluster.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SshResult:
+    host: str
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+def check_private_key(path: Path) -> None:
+    """The cluster key must exist and be readable by its owner only (ssh refuses it otherwise)."""
+    if not path.is_file():
+        raise ConfigError(f"no cluster private key at {path}; fix: run `make keys` and mount .keys read-only")
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise ConfigError(f"cluster key {path} is readable by others (mode {mode:04o}); fix: chmod 600 {path}")
+
+
+def write_ssh_config(job_dir: Path, port: int, identity: Path | None, connect_timeout_s: int = 5) -> Path:
+    lines = [
+        "Host *",
+        f"  Port {port}",
+        "  User root",
+        "  BatchMode yes",
+        f"  ConnectTimeout {connect_timeout_s}",
+        "  StrictHostKeyChecking accept-new",
+        f"  UserKnownHostsFile {job_dir / 'known_hosts'}",
+        "  GlobalKnownHostsFile /dev/null",
+        # A partitioned node must not keep a launcher's ssh session alive for hours.
+        "  ServerAliveInterval 5",
+        "  ServerAliveCountMax 3",
+        "  LogLevel ERROR",
+    ]
+    if identity is not None:
+        lines += [f"  IdentityFile {identity}", "  IdentitiesOnly yes"]
+    path = job_dir / "ssh_config"
+    path.write_text("\n".join(lines) + "\n")
+    path.chmod(0o600)
+    return path
+
+
+def ssh_argv(host: str, remote: Sequence[str], config: Path) -> list[str]:
+    # The remote side runs a shell; quote each word so arguments arrive verbatim.
+    return ["ssh", "-F", str(config), host, shlex.join(remote)]
+
+
+Runner = Callable[[Sequence[str], float], SshResult]
+
+
+def run_subprocess(argv: Sequence[str], timeout_s: float) -> SshResult:
+    host = argv[3] if len(argv) > 3 else "?"
+    try:
+        done = subprocess.run(
+            list(argv), capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return SshResult(host, 124, "", f"timed out after {timeout_s:.0f}s")
+    return SshResult(host, done.returncode, done.stdout, done.stderr)
+
+
+def run_on_hosts(
+    hosts: Iterable[str],
+    remote: Sequence[str],
+    config: Path,
+    timeout_s: float,
+    runner: Runner = run_subprocess,
+) -> dict[str, SshResult]:
+    """Run the same command on every host at once; one slow host does not delay the others."""
+    host_list = list(hosts)
+    if not host_list:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(64, len(host_list))) as pool:
+        futures = {host: pool.submit(runner, ssh_argv(host, remote, config), timeout_s) for host in host_list}
+    return {host: _with_host(future.result(), host) for host, future in futures.items()}
+
+
+def _with_host(result: SshResult, host: str) -> SshResult:
+    return SshResult(host, result.returncode, result.stdout, result.stderr)
+
+
+def explain_ssh_failure(result: SshResult, port: int) -> str:
+    """Turn ssh's exit 255 and its stderr into the cause and the fix."""
+    err = result.stderr.strip()
+    last = err.splitlines()[-1] if err else ""
+    if result.returncode == 124:
+        return f"ssh timed out; fix: check that {result.host} is up and reachable"
+    if "Connection refused" in err:
+        return f"nothing listens on port {port} (sshd down or wrong --ssh-port); fix: start the worker or set --ssh-port"
+    if "Permission denied" in err:
+        return "the cluster key is not authorized there; fix: mount the same .keys on every node"
+    if "Could not resolve hostname" in err or "Name or service not known" in err:
+        return "the name does not resolve; fix: check the peer list or DNS"
+    if "timed out" in err or "No route to host" in err or "Network is unreachable" in err:
+        return f"unreachable ({last}); fix: check the network between the nodes"
+    if "REMOTE HOST IDENTIFICATION HAS CHANGED" in err or "Host key verification failed" in err:
+        return "host key mismatch; fix: start a new job (known_hosts is per job)"
+    if result.returncode == 255:
+        return f"ssh failed ({last or 'exit 255'})"
+    return f"remote command failed with exit code {result.returncode}: {last}"
+
+
+def sshd_answers(host: str, port: int, timeout_s: float = 2.0) -> bool:
+    """True when something at host:port greets like sshd (a TCP connect alone can be a proxy)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+            sock.settimeout(timeout_s)
+            return sock.recv(4).startswith(b"SSH-")
+    except OSError:
+        return False
+
+
+def wait_for_sshd(
+    hosts: Sequence[str],
+    port: int,
+    deadline: float,
+    clock: Callable[[], float] = time.monotonic,
+    check: Callable[[str, int], bool] = sshd_answers,
+) -> list[str]:
+    """Poll every host in parallel until all greet or the deadline passes; return those that never did."""
+    waiting = list(hosts)
+    with ThreadPoolExecutor(max_workers=min(64, max(1, len(waiting)))) as pool:
+        while waiting:
+            answers = list(pool.map(lambda host: check(host, port), waiting))
+            waiting = [host for host, ok in zip(waiting, answers, strict=True) if not ok]
+            if not waiting or clock() >= deadline:
+                break
+            time.sleep(0.25)
+    return waiting
+
+
+def default_identity(ssh_dir: Path) -> Path | None:
+    """The installed copy in ~/.ssh (0600, made by the entrypoint) or the mounted secret."""
+    for candidate in (Path.home() / ".ssh" / "id_ed25519", ssh_dir / "id_ed25519"):
+        if candidate.is_file():
+            return candidate
+    return None

@@ -1,0 +1,280 @@
+"""Run a LaunchPlan and watch every rank through the control channel until the job ends.
+
+The first failure anywhere (non-zero exit, signal, closed connection, silent node, stuck rank,
+launcher error) stops THIS job's ranks on every node through their agents, and ends in one summary
+line: host, rank, exit code or signal, and the last lines of that rank's output.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from gaudi_cluster.control import ControlEvent, ControlServer
+from gaudi_cluster.plan import LaunchPlan
+
+log = logging.getLogger("gaudi_cluster.supervise")
+
+# pdsh prefixes remote lines with "host: "; ours already name host and rank.
+_PDSH_PREFIX = re.compile(r"^[^\s:]+: (?=\[)")
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    host: str
+    rank: int | None
+    what: str  # "exited with code 3", "killed by SIGKILL", "lost: connection closed", ...
+    exit_code: int
+    tail: tuple[str, ...] = ()
+
+    def summary(self, job_id: str) -> str:
+        where = f"host {self.host}" + (f" rank {self.rank}" if self.rank is not None else "")
+        last = " | ".join(line.strip() for line in self.tail[-3:] if line.strip())
+        return f"job {job_id} failed: {where} {self.what}" + (f"; last lines: {last}" if last else "")
+
+
+@dataclass
+class SupervisorSettings:
+    start_timeout_s: float = 120.0
+    stuck_timeout_s: float = 600.0
+    stop_grace_s: float = 8.0
+    failure_grace_s: float = 3.0
+
+
+@dataclass
+class JobOutcome:
+    exit_code: int
+    failure: RankFailure | None = None
+    stopped_by_signal: int | None = None
+    ranks_seen: dict[int, str] = field(default_factory=dict)
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+class Supervisor:
+    def __init__(
+        self,
+        job_id: str,
+        plan: LaunchPlan,
+        server: ControlServer,
+        slots_by_host: Mapping[str, int],
+        settings: SupervisorSettings,
+        out: TextIO = sys.stdout,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.job_id = job_id
+        self.plan = plan
+        self.server = server
+        self.slots_by_host = dict(slots_by_host)
+        self.expected = sum(self.slots_by_host.values())
+        self.settings = settings
+        self.out = out
+        self.clock = clock
+        self.launcher: subprocess.Popen[bytes] | None = None
+        self.launcher_tail: collections.deque[str] = collections.deque(maxlen=30)
+        self._signals: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._out_lock = threading.Lock()
+
+    # --- output ---------------------------------------------------------------------------------
+
+    def _print(self, line: str) -> None:
+        with self._out_lock:
+            try:
+                self.out.write(line + "\n")
+                self.out.flush()
+            except (BrokenPipeError, OSError):
+                pass
+
+    def _pump_launcher(self) -> None:
+        assert self.launcher is not None and self.launcher.stdout is not None
+        for raw in iter(self.launcher.stdout.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\n")
+            stripped = _PDSH_PREFIX.sub("", line, count=1)
+            if stripped is line:
+                self.launcher_tail.append(line)
+                self._print(f"[launcher] {line}")
+            else:
+                self._print(stripped)
+
+    # --- signals --------------------------------------------------------------------------------
+
+    def install_signal_handlers(self) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, lambda s, _f: self._signals.put(s))
+
+    # --- the run --------------------------------------------------------------------------------
+
+    def run(self) -> JobOutcome:
+        env = {**os.environ, **self.plan.env}
+        started = self.clock()
+        # Its own session: a Ctrl-C in the terminal reaches us, and we stop the ranks in order.
+        self.launcher = subprocess.Popen(
+            list(self.plan.argv),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        pump = threading.Thread(target=self._pump_launcher, name="launcher-output", daemon=True)
+        pump.start()
+        outcome = self._watch(started)
+        self._teardown(outcome)
+        pump.join(timeout=2)
+        return outcome
+
+    def _watch(self, started: float) -> JobOutcome:
+        outcome = JobOutcome(exit_code=0)
+        finished: set[int] = set()
+        launcher_exit_seen_at: float | None = None
+        while True:
+            with contextlib.suppress(queue.Empty):
+                signum = self._signals.get_nowait()
+                self._print(f"gaudi-cluster: received {signal_name(signum)}; stopping job {self.job_id} on every node")
+                outcome.stopped_by_signal = signum
+                outcome.exit_code = 128 + signum
+                return outcome
+            try:
+                event = self.server.events.get(timeout=0.2)
+            except queue.Empty:
+                event = None
+            if event is not None:
+                failure = self._handle(event, outcome, finished)
+                if failure is not None:
+                    outcome.failure = failure
+                    outcome.exit_code = failure.exit_code
+                    return outcome
+            if len(finished) == self.expected:
+                outcome.exit_code = 0
+                return outcome
+            now = self.clock()
+            assert self.launcher is not None
+            if self.launcher.poll() is not None:
+                # Rank reports travel on another socket: give them a moment to arrive first.
+                launcher_exit_seen_at = launcher_exit_seen_at or now
+                if now - launcher_exit_seen_at > 3.0 and self.server.events.empty():
+                    outcome.failure = self._launcher_failure(len(finished))
+                    outcome.exit_code = outcome.failure.exit_code
+                    return outcome
+            failure = self._check_timeouts(now - started, outcome)
+            if failure is not None:
+                outcome.failure = failure
+                outcome.exit_code = failure.exit_code
+                return outcome
+
+    def _handle(self, event: ControlEvent, outcome: JobOutcome, finished: set[int]) -> RankFailure | None:
+        if event.kind == "hello":
+            outcome.ranks_seen[event.rank] = event.host
+            log.debug("rank %d checked in from %s", event.rank, event.host)
+            return None
+        if event.kind == "exit":
+            code = int(event.detail.get("code", 1))
+            signum = event.detail.get("signal")
+            tail = tuple(event.detail.get("tail") or ())
+            if code == 0:
+                finished.add(event.rank)
+                return None
+            what = f"was killed by {signal_name(int(signum))}" if signum else f"exited with code {code}"
+            return RankFailure(event.host, event.rank, what, code, tail)
+        reason = event.detail.get("reason", "lost")
+        return RankFailure(event.host, event.rank, f"lost contact: {reason}", 1)
+
+    def _launcher_failure(self, finished: int) -> RankFailure:
+        assert self.launcher is not None
+        code = self.launcher.returncode
+        what = (
+            f"launcher exited with code {code} after {finished} of {self.expected} ranks finished"
+            if code
+            else f"launcher ended but only {finished} of {self.expected} ranks reported success"
+        )
+        return RankFailure("master", None, what, code if code and code > 0 else 1, tuple(self.launcher_tail))
+
+    def _check_timeouts(self, elapsed: float, outcome: JobOutcome) -> RankFailure | None:
+        if len(outcome.ranks_seen) < self.expected and elapsed > self.settings.start_timeout_s:
+            seen = collections.Counter(outcome.ranks_seen.values())
+            missing = [
+                f"{host} ({slots - seen.get(host, 0)} of {slots})"
+                for host, slots in self.slots_by_host.items()
+                if seen.get(host, 0) < slots
+            ]
+            # Agents report their hostname while the plan knows addresses: name both sides.
+            return RankFailure(
+                ", ".join(missing) or "?",
+                None,
+                f"ranks never checked in within {self.settings.start_timeout_s:.0f}s "
+                f"({len(outcome.ranks_seen)} of {self.expected} did)",
+                1,
+                tuple(self.launcher_tail),
+            )
+        now_wall = time.time()
+        for agent in self.server.agents():
+            if agent.exited:
+                continue
+            last_progress = agent.step_time or agent.last_output
+            if last_progress and now_wall - last_progress > self.settings.stuck_timeout_s:
+                at = f" at step {agent.step}" if agent.step is not None else ""
+                return RankFailure(
+                    agent.host,
+                    agent.rank,
+                    f"is stuck{at}: no progress for {now_wall - last_progress:.0f}s "
+                    f"(GAUDI_CLUSTER_STUCK_TIMEOUT={self.settings.stuck_timeout_s:.0f})",
+                    1,
+                )
+        return None
+
+    def _teardown(self, outcome: JobOutcome) -> None:
+        graceful = outcome.stopped_by_signal is not None
+        if outcome.failure is None and not graceful:
+            self._wait_launcher(30)
+            return
+        if outcome.failure is not None:
+            self._print("gaudi-cluster: " + outcome.failure.summary(self.job_id))
+        grace = self.settings.stop_grace_s if graceful else self.settings.failure_grace_s
+        self.server.stop_all(grace)
+        deadline = self.clock() + grace + 3
+        while self.clock() < deadline and any(not agent.exited for agent in self.server.agents()):
+            with contextlib.suppress(queue.Empty):
+                event = self.server.events.get(timeout=0.2)
+                if event.kind in ("exit", "lost"):
+                    for agent in self.server.agents():
+                        if agent.rank == event.rank:
+                            agent.exited = True
+        self._kill_launcher()
+
+    def _wait_launcher(self, timeout_s: float) -> None:
+        assert self.launcher is not None
+        try:
+            self.launcher.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self._kill_launcher()
+
+    def _kill_launcher(self) -> None:
+        assert self.launcher is not None
+        if self.launcher.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.launcher.pid, signal.SIGTERM)
+            try:
+                self.launcher.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.launcher.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.launcher.wait(timeout=2)

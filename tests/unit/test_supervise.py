@@ -1,0 +1,177 @@
+"""Supervision end to end on one host: real rank agents, a real control channel, real processes.
+
+The "launcher" is bash starting two rank agents, which is what pdsh + deepspeed's launch.py amount
+to on a node. No Docker needed; each test finishes in a few seconds.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from gaudi_cluster.control import ControlServer
+from gaudi_cluster.plan import LaunchPlan
+from gaudi_cluster.supervise import Supervisor, SupervisorSettings
+
+HOST = socket.gethostname()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launcher_for(job_id: str, port: int, programs: list[str]) -> LaunchPlan:
+    """bash that starts one rank agent per program with RANK set, like launch.py does."""
+    agents = []
+    for rank, program in enumerate(programs):
+        agents.append(
+            f"RANK={rank} LOCAL_RANK={rank} WORLD_SIZE={len(programs)} {sys.executable} -u -m gaudi_cluster.rank "
+            f"--job-id {job_id} --control 127.0.0.1:{port} -- bash -c {program!r} &"
+        )
+    script = " ".join(agents) + " wait"
+    return LaunchPlan(argv=("bash", "-c", script), env={}, launcher="test")
+
+
+def supervise(tmp_path: Path, programs: list[str], **settings: float):
+    os.environ["GAUDI_CLUSTER_JOB_ROOT"] = str(tmp_path / "jobs")
+    job_id = "job-" + str(time.monotonic_ns())
+    port = free_port()
+    server = ControlServer("127.0.0.1", port, job_id, heartbeat_timeout_s=settings.pop("heartbeat", 5.0))
+    server.start()
+    out = io.StringIO()
+    supervisor = Supervisor(
+        job_id,
+        launcher_for(job_id, port, programs),
+        server,
+        {HOST: len(programs)},
+        SupervisorSettings(start_timeout_s=20, stuck_timeout_s=settings.pop("stuck", 60), stop_grace_s=3),
+        out=out,
+    )
+    started = time.monotonic()
+    try:
+        outcome = supervisor.run()
+    finally:
+        server.close()
+    return outcome, out.getvalue(), time.monotonic() - started, job_id
+
+
+def leftover(marker: str) -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+
+
+def test_success_prefixes_every_line_with_host_and_rank(tmp_path):
+    outcome, out, _, _ = supervise(tmp_path, ["echo hello-from-0", "echo hello-from-1"])
+    assert outcome.exit_code == 0, out
+    assert outcome.failure is None
+    assert f"[{HOST} rank 0] hello-from-0" in out
+    assert f"[{HOST} rank 1] hello-from-1" in out
+    assert sorted(outcome.ranks_seen) == [0, 1]
+
+
+def test_first_failure_stops_the_other_ranks_and_is_named(tmp_path):
+    marker = f"sleep-marker-{time.monotonic_ns()}"
+    outcome, out, elapsed, _ = supervise(
+        tmp_path, [f"exec -a {marker} sleep 60", "echo about to fail; sleep 0.5; exit 3"]
+    )
+    assert outcome.exit_code == 3
+    assert outcome.failure is not None
+    assert (outcome.failure.host, outcome.failure.rank) == (HOST, 1)
+    summary = [line for line in out.splitlines() if line.startswith("gaudi-cluster: job")]
+    assert len(summary) == 1 and "rank 1 exited with code 3" in summary[0] and "about to fail" in summary[0]
+    assert elapsed < 15
+    assert leftover(marker) == []
+
+
+def test_signal_death_is_never_exit_zero(tmp_path):
+    outcome, _, _, _ = supervise(tmp_path, ["sleep 30", "kill -9 $$"])
+    assert outcome.failure is not None and "SIGKILL" in outcome.failure.what
+    assert outcome.exit_code == 137
+
+
+def test_stuck_rank_is_reported(tmp_path):
+    outcome, _, elapsed, _ = supervise(tmp_path, ["echo start; sleep 60", "echo start; sleep 60"], stuck=2)
+    assert outcome.failure is not None and "stuck" in outcome.failure.what
+    assert elapsed < 15
+
+
+def test_sigterm_to_master_stops_job_with_143(tmp_path):
+    marker = f"term-marker-{time.monotonic_ns()}"
+    timer = threading.Timer(2.0, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        os.environ["GAUDI_CLUSTER_JOB_ROOT"] = str(tmp_path / "jobs")
+        job_id = "term-job"
+        port = free_port()
+        server = ControlServer("127.0.0.1", port, job_id, heartbeat_timeout_s=5)
+        server.start()
+        supervisor = Supervisor(
+            job_id,
+            launcher_for(job_id, port, [f"exec -a {marker} sleep 60", f"exec -a {marker} sleep 60"]),
+            server,
+            {HOST: 2},
+            SupervisorSettings(start_timeout_s=20, stop_grace_s=3),
+            out=io.StringIO(),
+        )
+        supervisor.install_signal_handlers()
+        timer.start()
+        outcome = supervisor.run()
+        server.close()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    assert outcome.exit_code == 143
+    assert leftover(marker) == []
+
+
+def test_rank_dies_with_its_master(tmp_path):
+    """The master vanishing (connection closed) ends the rank within seconds."""
+    port = free_port()
+    server = ControlServer("127.0.0.1", port, "orphan-job", heartbeat_timeout_s=5)
+    server.start()
+    marker = f"orphan-marker-{time.monotonic_ns()}"
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "gaudi_cluster.rank", "--job-id", "orphan-job", "--control", f"127.0.0.1:{port}",
+         "--job-root", str(tmp_path), "--", "bash", "-c", f"exec -a {marker} sleep 60"],
+        stdout=subprocess.DEVNULL,
+    )
+    event = server.events.get(timeout=10)
+    assert event.kind == "hello"
+    closed_at = time.monotonic()
+    server.close()
+    assert agent.wait(timeout=10) != 0
+    assert time.monotonic() - closed_at < 8
+    assert leftover(marker) == []
+
+
+def test_agent_refuses_to_run_unsupervised(tmp_path):
+    port = free_port()  # nothing listens there
+    done = subprocess.run(
+        [sys.executable, "-m", "gaudi_cluster.rank", "--job-id", "x", "--control", f"127.0.0.1:{port}",
+         "--job-root", str(tmp_path), "--connect-timeout", "2", "--", "touch", str(tmp_path / "ran")],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert done.returncode == 1
+    assert "cannot reach the master's control channel" in done.stdout
+    assert not (tmp_path / "ran").exists()
+
+
+@pytest.fixture(autouse=True)
+def _restore_env():
+    saved = os.environ.get("GAUDI_CLUSTER_JOB_ROOT")
+    yield
+    if saved is None:
+        os.environ.pop("GAUDI_CLUSTER_JOB_ROOT", None)
+    else:
+        os.environ["GAUDI_CLUSTER_JOB_ROOT"] = saved
