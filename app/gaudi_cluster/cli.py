@@ -25,22 +25,35 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    master = sub.add_parser("master", help="discover peers, check them, launch the job on every node, supervise it")
+    master = sub.add_parser(
+        "master", help="discover peers, check them, launch the job on every node, supervise it"
+    )
     add_config_flags(master)
-    master.add_argument("--hold", action="store_true",
-                        help="prepare the cluster (hostfile, env file) and stay up instead of launching a job")
-    master.add_argument("job", nargs=argparse.REMAINDER,
-                        help="script.py ARGS | -m module ARGS | command ARGS (default: the bundled workload)")
+    master.add_argument(
+        "job",
+        nargs=argparse.REMAINDER,
+        help="script.py ARGS | -m module ARGS | command ARGS (default: the bundled workload)",
+    )
 
-    spawn = sub.add_parser("spawn", help="gaudi_spawn.py-compatible launch (--hostfile H --use_deepspeed script …)")
-    spawn.add_argument("--dry-run", action="store_true", help="print hostfile, env file and command; launch nothing")
-    spawn.add_argument("spawn_args", nargs=argparse.REMAINDER, help="gaudi_spawn.py flags, the script and its args")
+    spawn = sub.add_parser(
+        "spawn", help="gaudi_spawn.py-compatible launch (--hostfile H --use_deepspeed script …)"
+    )
+    spawn.add_argument(
+        "--dry-run", action="store_true", help="print hostfile, env file and command; launch nothing"
+    )
+    spawn.add_argument(
+        "spawn_args", nargs=argparse.REMAINDER, help="gaudi_spawn.py flags, the script and its args"
+    )
 
-    doctor = sub.add_parser("doctor", help="preflight every node in parallel; table and JSON; non-zero if blocking")
+    doctor = sub.add_parser(
+        "doctor", help="preflight every node in parallel; table and JSON; non-zero if blocking"
+    )
     add_config_flags(doctor)
     doctor.add_argument("--json", action="store_true", help="print JSON only")
 
-    probe = sub.add_parser("probe", help="report this node as JSON (the master runs it over ssh)", add_help=False)
+    probe = sub.add_parser(
+        "probe", help="report this node as JSON (the master runs it over ssh)", add_help=False
+    )
     probe.add_argument("probe_args", nargs=argparse.REMAINDER)
 
     reap = sub.add_parser("reap", help="kill what is left of one job on this node (by its pid files)")
@@ -103,6 +116,6 @@ def _dispatch(args: argparse.Namespace) -> int:
         return run_doctor(config, os.environ, sys.stdout, json_only=args.json)
     from gaudi_cluster import roles
 
-    if args.hold:
+    if config.hold:
         return roles.hold(config, os.environ, sys.stdout)
     return roles.run_master(config, args.job, os.environ, sys.stdout)

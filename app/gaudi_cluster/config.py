@@ -84,31 +84,79 @@ class Setting:
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("peers", str, None, "static peer list, entries host or host:slots", "worker-1,worker-2:8"),
-    Setting("peers_dns", str, None, "DNS name resolving to every peer (compose service, headless service)", "worker"),
+    Setting(
+        "peers_dns",
+        str,
+        None,
+        "DNS name resolving to every peer (compose service, headless service)",
+        "worker",
+    ),
     Setting("hostfile", str, None, "existing hostfile listing the nodes (host slots=N)", "/job/hostfile"),
-    Setting("nodes", _positive_int, None, "expected number of nodes, master included; wait until all are found", "3"),
-    Setting("wait_timeout", _seconds, 120.0, "one deadline (s) for discovery, sshd readiness and probes", "120"),
+    Setting(
+        "nodes",
+        _positive_int,
+        None,
+        "expected number of nodes, master included; wait until all are found",
+        "3",
+    ),
+    Setting(
+        "wait_timeout", _seconds, 120.0, "one deadline (s) for discovery, sshd readiness and probes", "120"
+    ),
     Setting("ssh_port", _port, 3022, "sshd port on every node", "3022"),
-    Setting("ssh_dir", str, "/run/secrets/gaudi-cluster", "directory holding the cluster key id_ed25519", "/keys"),
+    Setting(
+        "ssh_dir", str, "/run/secrets/gaudi-cluster", "directory holding the cluster key id_ed25519", "/keys"
+    ),
     Setting("accelerator", _choice("auto", "hpu", "cuda", "cpu"), "auto", "device kind", "hpu"),
     Setting("slots", _positive_int, None, "ranks per node (default: devices detected; 1 on cpu)", "2"),
     Setting("launcher", _choice("deepspeed", "mpirun", "torchrun"), "deepspeed", "launcher", "mpirun"),
-    Setting("master_addr", str, None, "address the ranks rendezvous on (default: master's interface)", "10.0.0.1"),
+    Setting(
+        "master_addr", str, None, "address the ranks rendezvous on (default: master's interface)", "10.0.0.1"
+    ),
     Setting("master_port", _port, 29500, "torch.distributed rendezvous port", "29500"),
     Setting("control_port", _port, 29400, "port of the master's job control channel", "29400"),
     Setting(
-        "env_preset", _choice("auto", "efa", "gaudinic", "cpu", "none"), "auto", ".deepspeed_env preset", "efa"
+        "env_preset",
+        _choice("auto", "efa", "gaudinic", "cpu", "none"),
+        "auto",
+        ".deepspeed_env preset",
+        "efa",
     ),
     Setting("env", str, "", "extra variables for every rank, K=V separated by ';'", "HCCL_DEBUG=1;FOO=bar"),
     Setting("socket_ifname", str, None, "network interface for HCCL/GLOO/NCCL sockets", "eth0"),
-    Setting("heartbeat_timeout", _seconds, 10.0, "seconds without heartbeat before a node counts as lost", "10"),
+    Setting(
+        "heartbeat_timeout", _seconds, 10.0, "seconds without heartbeat before a node counts as lost", "10"
+    ),
     Setting("start_timeout", _seconds, 120.0, "seconds for every rank to check in after launch", "120"),
-    Setting("stuck_timeout", _seconds, 600.0, "seconds without training progress before a rank counts as stuck", "600"),
+    Setting(
+        "stuck_timeout",
+        _seconds,
+        600.0,
+        "seconds without training progress before a rank counts as stuck",
+        "600",
+    ),
     Setting("stop_grace", _seconds, 20.0, "seconds ranks get to save and exit after a stop", "20"),
-    Setting("max_restarts", _non_negative_int, 0, "re-run a failed job up to N times (resumes from checkpoints)", "1"),
+    Setting(
+        "max_restarts",
+        _non_negative_int,
+        0,
+        "re-run a failed job up to N times (resumes from checkpoints)",
+        "1",
+    ),
     Setting("skip_doctor", _flag, False, "skip the preflight checks before launch", "1", is_switch=True),
-    Setting("dry_run", _flag, False, "print hostfile, env file and command; launch nothing", "1", is_switch=True),
-    Setting("job_root", str, "/run/gaudi-cluster/jobs", "where per-job state lives on every node", "/tmp/jobs"),
+    Setting(
+        "dry_run", _flag, False, "print hostfile, env file and command; launch nothing", "1", is_switch=True
+    ),
+    Setting(
+        "hold",
+        _flag,
+        False,
+        "prepare the cluster and stay up instead of launching (launch by hand)",
+        "1",
+        is_switch=True,
+    ),
+    Setting(
+        "job_root", str, "/run/gaudi-cluster/jobs", "where per-job state lives on every node", "/tmp/jobs"
+    ),
 )
 
 
@@ -137,6 +185,7 @@ class ClusterConfig:
     max_restarts: int = 0
     skip_doctor: bool = False
     dry_run: bool = False
+    hold: bool = False
     job_root: str = "/run/gaudi-cluster/jobs"
 
     def describe(self) -> str:
@@ -156,7 +205,9 @@ def add_config_flags(parser: argparse.ArgumentParser, names: tuple[str, ...] | N
             continue
         help_text = f"{setting.help} (env {setting.env}; default {setting.default})"
         if setting.is_switch:
-            parser.add_argument(setting.flag, dest=setting.name, action="store_const", const="1", help=help_text)
+            parser.add_argument(
+                setting.flag, dest=setting.name, action="store_const", const="1", help=help_text
+            )
         else:
             parser.add_argument(setting.flag, dest=setting.name, metavar=setting.example, help=help_text)
 

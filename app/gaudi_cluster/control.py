@@ -10,6 +10,7 @@ signal, tail}. Master -> agent: beat, stop {grace}.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import queue
@@ -64,10 +65,8 @@ class Channel:
 
     def close(self) -> None:
         self.closed = True
-        try:
+        with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
         self._sock.close()
 
 
@@ -149,10 +148,8 @@ class ControlServer:
 
     def close(self) -> None:
         self._stopping.set()
-        try:
+        with contextlib.suppress(OSError):
             self._listener.close()
-        except OSError:
-            pass
         for agent in self.agents():
             agent.channel.close()
 
@@ -163,7 +160,9 @@ class ControlServer:
             except OSError:
                 return
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(target=self._serve, args=(Channel(sock),), name="control-agent", daemon=True).start()
+            threading.Thread(
+                target=self._serve, args=(Channel(sock),), name="control-agent", daemon=True
+            ).start()
 
     def _serve(self, channel: Channel) -> None:
         hello = channel.receive()
@@ -208,11 +207,5 @@ class ControlServer:
                 silent_for = now - agent.last_seen
                 if silent_for > self.heartbeat_timeout_s:
                     agent.exited = True  # report a node once, not every second
-                    self.events.put(
-                        ControlEvent(
-                            "lost",
-                            agent.host,
-                            agent.rank,
-                            {"reason": f"no heartbeat for {silent_for:.0f}s (network partition or frozen node)"},
-                        )
-                    )
+                    reason = f"no heartbeat for {silent_for:.0f}s (network partition or frozen node)"
+                    self.events.put(ControlEvent("lost", agent.host, agent.rank, {"reason": reason}))

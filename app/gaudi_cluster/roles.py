@@ -6,6 +6,7 @@ their side effects (files in the job directory, ssh, the control server, restart
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -39,8 +40,10 @@ def default_program(python: str, accelerator: str) -> list[str]:
     config_name = "ds_cpu.json" if accelerator == "cpu" else "ds_zero1_bf16.json"
     args = [
         "--do_train",
-        "--output_dir", os.environ.get("GAUDI_CLUSTER_OUTPUT_DIR", "/workspace/output"),
-        "--deepspeed", str(APP_DIR / "train" / "configs" / config_name),
+        "--output_dir",
+        os.environ.get("GAUDI_CLUSTER_OUTPUT_DIR", "/workspace/output"),
+        "--deepspeed",
+        str(APP_DIR / "train" / "configs" / config_name),
     ]
     if accelerator == "hpu":
         args += ["--use_habana", "--use_lazy_mode", "--gaudi_config_name", "Habana/gpt2"]
@@ -92,10 +95,8 @@ def new_job_id() -> str:
 
 def _self_names(local_interfaces: Sequence[Mapping[str, Any]]) -> set[str]:
     names = {socket.gethostname(), "localhost", "127.0.0.1"}
-    try:
+    with contextlib.suppress(OSError):
         names.add(socket.getfqdn())
-    except OSError:
-        pass
     for interface in local_interfaces:
         names.update(interface.get("addresses", []))
     return names
@@ -104,7 +105,11 @@ def _self_names(local_interfaces: Sequence[Mapping[str, Any]]) -> set[str]:
 def _discovery_spec(config: ClusterConfig, environ: Mapping[str, str]) -> discovery.DiscoverySpec | None:
     if config.peers or config.peers_dns or config.hostfile:
         return discovery.DiscoverySpec(
-            peers=config.peers, dns=config.peers_dns, hostfile=config.hostfile, slurm=False, mpi_operator=False
+            peers=config.peers,
+            dns=config.peers_dns,
+            hostfile=config.hostfile,
+            slurm=False,
+            mpi_operator=False,
         )
     return discovery.detect_source(environ)
 
@@ -114,7 +119,9 @@ def _auto_preset(accelerator: str, master_report: Mapping[str, Any]) -> str:
         return "cpu"
     if accelerator == "hpu":
         # EFA shows up as uverbs devices plus a working efa provider (AWS DL1); else Gaudi NICs.
-        return "efa" if master_report.get("uverbs_devices") and master_report.get("efa_provider") else "gaudinic"
+        return (
+            "efa" if master_report.get("uverbs_devices") and master_report.get("efa_provider") else "gaudinic"
+        )
     return "none"
 
 
@@ -124,13 +131,35 @@ def _timeouts_for(accelerator: str) -> dict[str, str]:
     return {"DEEPSPEED_TIMEOUT": minutes, "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
 
 
-def prepare(config: ClusterConfig, program_argv: Sequence[str], environ: Mapping[str, str]) -> PreparedJob:
+@dataclass(frozen=True)
+class NodeSurvey:
+    """Who the nodes are and what each one reported over ssh."""
+
+    job_id: str
+    job_dir: Path
+    ssh_config: Path
+    master_addr: str
+    socket_ifname: str | None
+    peers: tuple[discovery.Peer, ...]
+    master_slots: int | None
+    hosts: tuple[str, ...]
+    paths: tuple[str, ...]
+    reports: dict[str, dict[str, Any]]
+    unreachable: dict[str, str]
+
+
+def survey_nodes(
+    config: ClusterConfig, program_argv: Sequence[str], environ: Mapping[str, str]
+) -> NodeSurvey:
+    """Discover the peers, wait for their sshd and probe every node, all under ONE deadline."""
     started = time.monotonic()
     deadline = started + config.wait_timeout
     python = sys.executable
     local_interfaces = probe.interfaces()
     self_names = _self_names(local_interfaces)
-    socket_ifname = config.socket_ifname or envfile.default_socket_ifname([i["name"] for i in local_interfaces])
+    socket_ifname = config.socket_ifname or envfile.default_socket_ifname(
+        [i["name"] for i in local_interfaces]
+    )
     master_addr = config.master_addr or next(
         (i["addresses"][0] for i in local_interfaces if i["name"] == socket_ifname and i["addresses"]),
         socket.gethostname(),
@@ -146,7 +175,9 @@ def prepare(config: ClusterConfig, program_argv: Sequence[str], environ: Mapping
             return [p for p in discovery.discover_once(spec, environ) if p.host not in self_names]
 
         expected_others = config.nodes - 1 if config.nodes else None
-        peers = discovery.wait_for_peers(discover_others, expected_others, max(0.0, deadline - time.monotonic()))
+        peers = discovery.wait_for_peers(
+            discover_others, expected_others, max(0.0, deadline - time.monotonic())
+        )
         # A list that names the master itself (hostfile, Slurm) may carry its slot count.
         for peer in discovery.discover_once(spec, environ):
             if peer.host in self_names and peer.slots is not None and master_slots is None:
@@ -175,15 +206,13 @@ def prepare(config: ClusterConfig, program_argv: Sequence[str], environ: Mapping
         ssh.check_private_key(identity)
     ssh_config = ssh.write_ssh_config(job_dir, config.ssh_port, identity)
 
-    accelerator = config.accelerator
     paths = required_paths(program_argv)
-    probe_cmd = [python, "-m", "gaudi_cluster", "probe", "--json", "--accelerator", accelerator]
+    probe_cmd = [python, "-m", "gaudi_cluster", "probe", "--json", "--accelerator", config.accelerator]
     for path in paths:
         probe_cmd += ["--path", path]
     if environ.get("HCCL_OVER_OFI") == "1" or config.env_preset == "efa":
         probe_cmd.append("--check-efa")
-    timeout = max(10.0, deadline - time.monotonic())
-    results = ssh.run_on_hosts(hosts, probe_cmd, ssh_config, timeout)
+    results = ssh.run_on_hosts(hosts, probe_cmd, ssh_config, max(10.0, deadline - time.monotonic()))
     reports: dict[str, dict[str, Any]] = {}
     unreachable: dict[str, str] = {}
     for host, result in results.items():
@@ -192,24 +221,70 @@ def prepare(config: ClusterConfig, program_argv: Sequence[str], environ: Mapping
                 reports[host] = json.loads(result.stdout.strip().splitlines()[-1])
                 continue
             except (ValueError, IndexError):
-                unreachable[host] = f"probe printed no JSON: {result.stdout[-200:]!r} {result.stderr[-200:]!r}"
+                unreachable[host] = (
+                    f"probe printed no JSON: {result.stdout[-200:]!r} {result.stderr[-200:]!r}"
+                )
                 continue
         unreachable[host] = ssh.explain_ssh_failure(result, config.ssh_port)
-    if unreachable:
-        details = "; ".join(f"{host}: {why}" for host, why in unreachable.items())
-        raise ClusterNotReady(f"{len(unreachable)} of {len(hosts)} nodes failed the ssh probe: {details}")
-    if accelerator == "auto":
-        accelerator = reports[master_addr]["accelerator"]
+    return NodeSurvey(
+        job_id,
+        job_dir,
+        ssh_config,
+        master_addr,
+        socket_ifname,
+        tuple(peers),
+        master_slots,
+        tuple(hosts),
+        tuple(paths),
+        reports,
+        unreachable,
+    )
 
-    requested = {master_addr: master_slots, **{p.host: p.slots or config.slots for p in peers}}
-    preset = config.env_preset if config.env_preset != "auto" else _auto_preset(accelerator, reports[master_addr])
+
+def env_for(
+    config: ClusterConfig,
+    accelerator: str,
+    master_report: Mapping[str, Any],
+    environ: Mapping[str, str],
+    socket_ifname: str | None,
+) -> envfile.EnvFile:
+    preset = config.env_preset if config.env_preset != "auto" else _auto_preset(accelerator, master_report)
     extra = {
         **_timeouts_for(accelerator),
         **envfile.extra_env_from_spec(config.env),
         "GAUDI_CLUSTER_JOB_ROOT": config.job_root,
         "GAUDI_CLUSTER_HEARTBEAT_TIMEOUT": str(config.heartbeat_timeout),
     }
-    env_file = envfile.build_env_file(environ, preset, extra, socket_ifname)
+    return envfile.build_env_file(environ, preset, extra, socket_ifname)
+
+
+def requested_slots(config: ClusterConfig, survey: NodeSurvey) -> dict[str, int | None]:
+    return {
+        survey.master_addr: survey.master_slots,
+        **{p.host: p.slots or config.slots for p in survey.peers},
+    }
+
+
+def prepare(config: ClusterConfig, program_argv: Sequence[str], environ: Mapping[str, str]) -> PreparedJob:
+    survey = survey_nodes(config, program_argv, environ)
+    if survey.unreachable:
+        details = "; ".join(f"{host}: {why}" for host, why in survey.unreachable.items())
+        raise ClusterNotReady(
+            f"{len(survey.unreachable)} of {len(survey.hosts)} nodes failed the ssh probe: {details}"
+        )
+    job_id, job_dir, ssh_config, master_addr = (
+        survey.job_id,
+        survey.job_dir,
+        survey.ssh_config,
+        survey.master_addr,
+    )
+    reports, hosts, paths, socket_ifname = survey.reports, survey.hosts, survey.paths, survey.socket_ifname
+    python = sys.executable
+    accelerator = config.accelerator
+    if accelerator == "auto":
+        accelerator = reports[master_addr]["accelerator"]
+    requested = requested_slots(config, survey)
+    env_file = env_for(config, accelerator, reports[master_addr], environ, socket_ifname)
     findings = doctor.check_nodes(reports, {}, requested, socket_ifname, env_file.as_dict(), paths)
     if not config.skip_doctor:
         problems = doctor.blocking(findings)
@@ -224,7 +299,11 @@ def prepare(config: ClusterConfig, program_argv: Sequence[str], environ: Mapping
     entries = []
     for host in hosts:
         report = reports[host]
-        slots = requested.get(host) or (config.slots if report["accelerator"] == "cpu" else None) or report["slots"]
+        slots = (
+            requested.get(host)
+            or (config.slots if report["accelerator"] == "cpu" else None)
+            or report["slots"]
+        )
         entries.append(HostEntry(host, int(slots or 1)))
     hostfile = make_hostfile(entries, master=master_addr)
     hostfile_path = job_dir / "hostfile"
@@ -235,9 +314,23 @@ def prepare(config: ClusterConfig, program_argv: Sequence[str], environ: Mapping
     env_path.chmod(0o600)
 
     control = f"{master_addr}:{config.control_port}"
-    launch = _plan_for(config, hostfile, hostfile_path, env_path, env_file, ssh_config, master_addr, program_argv,
-                       python, job_id, control, socket_ifname)
-    return PreparedJob(job_id, job_dir, hostfile, env_file, launch, master_addr, accelerator, ssh_config, python)
+    launch = _plan_for(
+        config,
+        hostfile,
+        hostfile_path,
+        env_path,
+        env_file,
+        ssh_config,
+        master_addr,
+        program_argv,
+        python,
+        job_id,
+        control,
+        socket_ifname,
+    )
+    return PreparedJob(
+        job_id, job_dir, hostfile, env_file, launch, master_addr, accelerator, ssh_config, python
+    )
 
 
 def _plan_for(
@@ -257,20 +350,44 @@ def _plan_for(
     if config.launcher == "mpirun":
         mpi_root = os.environ.get("MPI_ROOT")
         return plan.mpirun_plan(
-            hostfile=hostfile, master_addr=master_addr, master_port=config.master_port, ssh_port=config.ssh_port,
-            ssh_config_path=str(ssh_config), env=env_file.as_dict(), program=program, python=python,
-            job_id=job_id, control=control, mpi_root=mpi_root, openmpi_major=_openmpi_major(),
+            hostfile=hostfile,
+            master_addr=master_addr,
+            master_port=config.master_port,
+            ssh_port=config.ssh_port,
+            ssh_config_path=str(ssh_config),
+            env=env_file.as_dict(),
+            program=program,
+            python=python,
+            job_id=job_id,
+            control=control,
+            mpi_root=mpi_root,
+            openmpi_major=_openmpi_major(),
         )
     if config.launcher == "torchrun":
         if len(hostfile.entries) > 1:
-            raise ConfigError("--launcher torchrun runs one node only; fix: use --launcher deepspeed or mpirun")
-        base = plan.torchrun_plan(nproc_per_node=hostfile.world_size, master_port=config.master_port,
-                                  program=program, python=python, job_id=job_id, control=control)
+            raise ConfigError(
+                "--launcher torchrun runs one node only; fix: use --launcher deepspeed or mpirun"
+            )
+        base = plan.torchrun_plan(
+            nproc_per_node=hostfile.world_size,
+            master_port=config.master_port,
+            program=program,
+            python=python,
+            job_id=job_id,
+            control=control,
+        )
         return replace(base, env={**env_file.as_dict(), **base.env})
     base = plan.deepspeed_plan(
-        hostfile_path=str(hostfile_path), master_addr=master_addr, master_port=config.master_port,
-        ssh_port=config.ssh_port, env_file_path=str(env_path), program=program, python=python,
-        ssh_config_path=str(ssh_config), job_id=job_id, control=control,
+        hostfile_path=str(hostfile_path),
+        master_addr=master_addr,
+        master_port=config.master_port,
+        ssh_port=config.ssh_port,
+        env_file_path=str(env_path),
+        program=program,
+        python=python,
+        ssh_config_path=str(ssh_config),
+        job_id=job_id,
+        control=control,
     )
     # A one-node deepspeed run skips pdsh and the env file: give the launcher the variables directly.
     return replace(base, env={**env_file.as_dict(), **base.env})
@@ -280,7 +397,8 @@ def _openmpi_major() -> int:
     import subprocess
 
     try:
-        out = subprocess.run(["mpirun", "--version"], capture_output=True, text=True, timeout=10).stdout
+        done = subprocess.run(["mpirun", "--version"], capture_output=True, text=True, timeout=10, check=False)
+        out = done.stdout
     except (OSError, subprocess.SubprocessError):
         return 4
     for word in out.split():
@@ -300,12 +418,21 @@ def run_prepared(job: PreparedJob, config: ClusterConfig, out: TextIO) -> int:
     server = ControlServer("0.0.0.0", config.control_port, job.job_id, config.heartbeat_timeout)
     server.start()
     settings = SupervisorSettings(
-        start_timeout_s=config.start_timeout, stuck_timeout_s=config.stuck_timeout, stop_grace_s=config.stop_grace
+        start_timeout_s=config.start_timeout,
+        stuck_timeout_s=config.stuck_timeout,
+        stop_grace_s=config.stop_grace,
     )
-    supervisor = Supervisor(job.job_id, job.plan, server, {e.host: e.slots for e in job.hostfile.entries}, settings, out)
+    supervisor = Supervisor(
+        job.job_id, job.plan, server, {e.host: e.slots for e in job.hostfile.entries}, settings, out
+    )
     supervisor.install_signal_handlers()
-    log.info("job %s: %d ranks on %d nodes; launching: %s", job.job_id, job.hostfile.world_size,
-             len(job.hostfile.entries), plan.render_shell(job.plan))
+    log.info(
+        "job %s: %d ranks on %d nodes; launching: %s",
+        job.job_id,
+        job.hostfile.world_size,
+        len(job.hostfile.entries),
+        plan.render_shell(job.plan),
+    )
     started = time.monotonic()
     try:
         outcome = supervisor.run()
@@ -314,26 +441,45 @@ def run_prepared(job: PreparedJob, config: ClusterConfig, out: TextIO) -> int:
     if outcome.failure is not None or outcome.stopped_by_signal is not None:
         reap_everywhere(job, config)
     if outcome.exit_code == 0:
-        out.write(f"gaudi-cluster: job {job.job_id} succeeded: {job.hostfile.world_size} ranks on "
-                  f"{len(job.hostfile.entries)} nodes in {time.monotonic() - started:.1f}s\n")
+        out.write(
+            f"gaudi-cluster: job {job.job_id} succeeded: {job.hostfile.world_size} ranks on "
+            f"{len(job.hostfile.entries)} nodes in {time.monotonic() - started:.1f}s\n"
+        )
         out.flush()
     return outcome.exit_code
 
 
 def reap_everywhere(job: PreparedJob, config: ClusterConfig) -> None:
     """Kill whatever is left of this job (by its pid files) on every node still reachable."""
-    cmd = [job.node_python, "-m", "gaudi_cluster", "reap", "--job-id", job.job_id, "--job-root", config.job_root]
+    cmd = [
+        job.node_python,
+        "-m",
+        "gaudi_cluster",
+        "reap",
+        "--job-id",
+        job.job_id,
+        "--job-root",
+        config.job_root,
+    ]
     results = ssh.run_on_hosts(job.hostfile.hosts, cmd, job.ssh_config, timeout_s=6)
     for host, result in results.items():
         if not result.ok:
-            log.warning("could not clean up job %s on %s: %s", job.job_id, host,
-                        ssh.explain_ssh_failure(result, config.ssh_port))
+            log.warning(
+                "could not clean up job %s on %s: %s",
+                job.job_id,
+                host,
+                ssh.explain_ssh_failure(result, config.ssh_port),
+            )
 
 
-def run_master(config: ClusterConfig, job_argv: Sequence[str], environ: Mapping[str, str], out: TextIO) -> int:
+def run_master(
+    config: ClusterConfig, job_argv: Sequence[str], environ: Mapping[str, str], out: TextIO
+) -> int:
     """Prepare and run the job, re-running it up to --max-restarts times after a failure."""
     log.info("%s", config.describe())
-    accelerator_hint = config.accelerator if config.accelerator != "auto" else environ.get("DS_ACCELERATOR", "cpu")
+    accelerator_hint = (
+        config.accelerator if config.accelerator != "auto" else environ.get("DS_ACCELERATOR", "cpu")
+    )
     program = program_from_args(job_argv, sys.executable, accelerator_hint)
     attempts = config.max_restarts + 1
     code = 1
@@ -345,8 +491,10 @@ def run_master(config: ClusterConfig, job_argv: Sequence[str], environ: Mapping[
         code = run_prepared(job, config, out)
         if code == 0 or code in (128 + signal.SIGTERM, 128 + signal.SIGINT) or attempt == attempts:
             return code
-        out.write(f"gaudi-cluster: restarting the job from its latest checkpoint "
-                  f"(restart {attempt} of {config.max_restarts})\n")
+        out.write(
+            f"gaudi-cluster: restarting the job from its latest checkpoint "
+            f"(restart {attempt} of {config.max_restarts})\n"
+        )
         out.flush()
     return code
 
@@ -355,8 +503,10 @@ def hold(config: ClusterConfig, environ: Mapping[str, str], out: TextIO) -> int:
     """Prepare the cluster (hostfile, env file) and stay up so users can launch by hand."""
     job = prepare(config, program_from_args([], sys.executable, "cpu"), environ)
     stable = Path(config.job_root).parent / STABLE_HOSTFILE
-    out.write(f"gaudi-cluster: cluster ready; hostfile at {stable}:\n{render_hostfile(job.hostfile)}"
-              f"run e.g.: gaudi_spawn.py --hostfile {shlex.quote(str(stable))} --use_deepspeed SCRIPT ARGS\n")
+    out.write(
+        f"gaudi-cluster: cluster ready; hostfile at {stable}:\n{render_hostfile(job.hostfile)}"
+        f"run e.g.: gaudi_spawn.py --hostfile {shlex.quote(str(stable))} --use_deepspeed SCRIPT ARGS\n"
+    )
     out.flush()
     stop = []
     for signum in (signal.SIGTERM, signal.SIGINT):

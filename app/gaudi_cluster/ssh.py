@@ -37,7 +37,9 @@ def check_private_key(path: Path) -> None:
         raise ConfigError(f"no cluster private key at {path}; fix: run `make keys` and mount .keys read-only")
     mode = path.stat().st_mode & 0o777
     if mode & 0o077:
-        raise ConfigError(f"cluster key {path} is readable by others (mode {mode:04o}); fix: chmod 600 {path}")
+        raise ConfigError(
+            f"cluster key {path} is readable by others (mode {mode:04o}); fix: chmod 600 {path}"
+        )
 
 
 def write_ssh_config(job_dir: Path, port: int, identity: Path | None, connect_timeout_s: int = 5) -> Path:
@@ -75,7 +77,12 @@ def run_subprocess(argv: Sequence[str], timeout_s: float) -> SshResult:
     host = argv[3] if len(argv) > 3 else "?"
     try:
         done = subprocess.run(
-            list(argv), capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL, check=False
+            list(argv),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            stdin=subprocess.DEVNULL,
+            check=False,
         )
     except subprocess.TimeoutExpired:
         return SshResult(host, 124, "", f"timed out after {timeout_s:.0f}s")
@@ -109,7 +116,10 @@ def explain_ssh_failure(result: SshResult, port: int) -> str:
     if result.returncode == 124:
         return f"ssh timed out; fix: check that {result.host} is up and reachable"
     if "Connection refused" in err:
-        return f"nothing listens on port {port} (sshd down or wrong --ssh-port); fix: start the worker or set --ssh-port"
+        return (
+            f"nothing listens on port {port} (sshd down or wrong --ssh-port); "
+            "fix: start the worker or set --ssh-port"
+        )
     if "Permission denied" in err:
         return "the cluster key is not authorized there; fix: mount the same .keys on every node"
     if "Could not resolve hostname" in err or "Name or service not known" in err:

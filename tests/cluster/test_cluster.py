@@ -1,0 +1,180 @@
+"""Real clusters of containers: a master and workers that train for real through DeepSpeed."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+import pytest
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+RANK_LINE = re.compile(r"^\[(?P<host>[\w.-]+) rank (?P<rank>\d+)\] ", re.MULTILINE)
+
+
+def rank_hosts(log: str) -> dict[int, set[str]]:
+    seen: dict[int, set[str]] = {}
+    for match in RANK_LINE.finditer(log):
+        seen.setdefault(int(match["rank"]), set()).add(match["host"])
+    return seen
+
+
+def copy_from(container: str, path: str, dest) -> str:
+    subprocess.run(["docker", "cp", f"{container}:{path}", str(dest)], check=True, capture_output=True)
+    return dest.read_text()
+
+
+def test_default_job_trains_across_three_containers(make_cluster, tmp_path):
+    cluster = make_cluster(workers=2)
+    cluster.start_workers()
+    cluster.wait_healthy(cluster.worker_names)
+    cluster.start_master()
+    code = cluster.wait_master(timeout_s=900)
+    log = cluster.logs(cluster.master)
+    assert code == 0, log[-4000:]
+
+    # World size is the sum of slots, and each rank speaks from its own container.
+    hosts = rank_hosts(log)
+    assert sorted(hosts) == [0, 1, 2]
+    assert all(len(names) == 1 for names in hosts.values()), hosts
+    assert {next(iter(names)) for names in hosts.values()} == {"master", "worker-1", "worker-2"}
+    assert hosts[0] == {"master"}
+
+    # The generated hostfile lists the three containers' addresses with their slots, master first.
+    hostfile = copy_from(cluster.master, "/run/gaudi-cluster/hostfile", tmp_path / "hostfile")
+    expected_ips = [
+        cluster.ip_of(cluster.master),
+        *sorted(
+            (cluster.ip_of(name) for name in cluster.worker_names),
+            key=lambda ip: tuple(map(int, ip.split("."))),
+        ),
+    ]
+    assert hostfile.splitlines() == [f"{ip} slots=1" for ip in expected_ips]
+
+    # Training really happened: loss went down; results, plot and a checkpoint are on the master's volume.
+    output = cluster.output_dir
+    results = json.loads((output / "all_results.json").read_text())
+    assert results["train_samples_per_second"] > 0
+    state = json.loads(next(output.glob("checkpoint-*/trainer_state.json")).read_text())
+    losses = [entry["loss"] for entry in state["log_history"] if "loss" in entry]
+    assert len(losses) >= 2 and losses[-1] < losses[0], losses
+    assert list(output.glob("*.png")), sorted(p.name for p in output.iterdir())
+    assert list(output.glob("checkpoint-*"))
+
+
+def _allreduce_results(shared, world: int) -> list[dict]:
+    files = sorted(shared.glob("rank-*.json"))
+    assert [f.name for f in files] == [f"rank-{r}.json" for r in range(world)]
+    return [json.loads(f.read_text()) for f in files]
+
+
+def test_user_script_runs_through_the_same_master_path(make_cluster, tmp_path):
+    cluster = make_cluster(workers=2, slots=2)
+    cluster.start_workers()
+    cluster.wait_healthy(cluster.worker_names)
+    cluster.start_master(["/workspace/user/allreduce.py", "--note", "two words"])
+    code = cluster.wait_master(timeout_s=300)
+    assert code == 0, cluster.logs(cluster.master)[-4000:]
+    results = _allreduce_results(tmp_path / "shared", world=6)
+    world = 6
+    assert all(r["sum"] == world * (world + 1) / 2 for r in results)
+    assert all(r["argv"] == ["--note", "two words"] for r in results)
+    by_host: dict[str, list[int]] = {}
+    for r in results:
+        by_host.setdefault(r["host"], []).append(r["rank"])
+    assert by_host == {"master": [0, 1], "worker-1": [2, 3], "worker-2": [4, 5]}
+
+
+def test_seed_command_shape_gaudi_spawn_inside_the_master(make_cluster, tmp_path):
+    cluster = make_cluster(workers=2)
+    cluster.start_workers()
+    cluster.wait_healthy(cluster.worker_names)
+    cluster.start_master(role="master", job=[], extra_env={"GAUDI_CLUSTER_HOLD": "1"})
+    done = None
+    for _ in range(120):
+        done = cluster.exec(cluster.master, "test", "-s", "/run/gaudi-cluster/hostfile")
+        if done.returncode == 0:
+            break
+        subprocess.run(["sleep", "0.5"], check=True)
+    assert done is not None and done.returncode == 0, cluster.logs(cluster.master)
+    spawn = cluster.exec(
+        cluster.master,
+        "gaudi_spawn.py",
+        "--hostfile",
+        "/run/gaudi-cluster/hostfile",
+        "--use_deepspeed",
+        "/workspace/user/allreduce.py",
+        "--deepspeed",
+        "/opt/gaudi-cluster/app/train/configs/ds_cpu.json",
+        timeout=300,
+    )
+    assert spawn.returncode == 0, spawn.stdout[-3000:] + spawn.stderr[-3000:]
+    results = _allreduce_results(tmp_path / "shared", world=3)
+    assert {r["host"] for r in results} == {"master", "worker-1", "worker-2"}
+    assert all(
+        r["argv"] == ["--deepspeed", "/opt/gaudi-cluster/app/train/configs/ds_cpu.json"] for r in results
+    )
+
+
+@pytest.mark.parametrize(
+    ("case", "master_env", "expect_code", "expect_text"),
+    [
+        (
+            "peer never answers",
+            {
+                "GAUDI_CLUSTER_PEERS_DNS": "",
+                "GAUDI_CLUSTER_PEERS": "worker-1,ghost-node",
+                "GAUDI_CLUSTER_NODES": "3",
+                "GAUDI_CLUSTER_WAIT_TIMEOUT": "8",
+            },
+            3,
+            "ghost-node",
+        ),
+        (
+            "wrong ssh port",
+            {"GAUDI_CLUSTER_SSH_PORT": "2222", "GAUDI_CLUSTER_WAIT_TIMEOUT": "8"},
+            3,
+            "port 2222",
+        ),
+        (
+            "peers resolve to nothing",
+            {"GAUDI_CLUSTER_PEERS_DNS": "nobody-here", "GAUDI_CLUSTER_WAIT_TIMEOUT": "6"},
+            3,
+            "nobody-here",
+        ),
+        ("bad setting", {"GAUDI_CLUSTER_MASTER_PORT": "99999"}, 2, "GAUDI_CLUSTER_MASTER_PORT"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_master_bad_input_fails_clearly_and_launches_nothing(
+    make_cluster, case, master_env, expect_code, expect_text
+):
+    cluster = make_cluster(workers=1)
+    cluster.start_workers()
+    cluster.wait_healthy(cluster.worker_names)
+    cluster.start_master(extra_env=master_env)
+    code = cluster.wait_master(timeout_s=120)
+    log = cluster.logs(cluster.master)
+    assert code == expect_code, log
+    errors = [line for line in log.splitlines() if line.startswith("gaudi-cluster: error:")]
+    assert len(errors) == 1 and expect_text in errors[0], log
+    assert "fix:" in errors[0]
+    assert not RANK_LINE.search(log), "a rank was launched on an invalid configuration"
+
+
+def test_worker_without_keys_and_unknown_role_exit_clearly(image):
+    no_keys = subprocess.run(
+        ["docker", "run", "--rm", image, "worker"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert no_keys.returncode != 0
+    assert "fix:" in no_keys.stderr and "key" in no_keys.stderr
+    unknown = subprocess.run(
+        ["docker", "run", "--rm", "-e", "GAUDI_CLUSTER_ROLE=leader", image],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert unknown.returncode == 2
+    assert "leader" in unknown.stderr
