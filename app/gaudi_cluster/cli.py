@@ -75,6 +75,9 @@ def _configure_logging(verbose: bool) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["spawn"]:
+        # gaudi_spawn.py's flags pass through untouched (argparse cannot nest them).
+        return _spawn(args_list[1:])
     parser = _parser()
     args = parser.parse_args(args_list)
     _configure_logging(args.verbose)
@@ -105,10 +108,6 @@ def _dispatch(args: argparse.Namespace) -> int:
         hostfile = read_hostfile(args.path)
         sys.stdout.write(render_hostfile(hostfile))
         return 0
-    if args.command == "spawn":
-        from gaudi_cluster.compat import spawn_main
-
-        return spawn_main(args.spawn_args, dry_run=args.dry_run)
     config = resolve_config(vars(args), os.environ)
     if args.command == "doctor":
         from gaudi_cluster.preflight import run_doctor
@@ -119,3 +118,18 @@ def _dispatch(args: argparse.Namespace) -> int:
     if config.hold:
         return roles.hold(config, os.environ, sys.stdout)
     return roles.run_master(config, args.job, os.environ, sys.stdout)
+
+
+def _spawn(argv: list[str]) -> int:
+    from gaudi_cluster.compat import spawn_main
+    from gaudi_cluster.config import _flag
+
+    _configure_logging(False)
+    dry_run = _flag(os.environ.get("GAUDI_CLUSTER_DRY_RUN", "0"))
+    if argv[:1] == ["--dry-run"]:
+        dry_run, argv = True, argv[1:]
+    try:
+        return spawn_main(argv, dry_run=dry_run)
+    except GaudiClusterError as error:
+        print(f"gaudi-cluster: error: {error}", file=sys.stderr)
+        return error.exit_code

@@ -15,6 +15,7 @@ import shlex
 import signal
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -139,6 +140,7 @@ class NodeSurvey:
     job_dir: Path
     ssh_config: Path
     master_addr: str
+    local_addr: str  # where this process listens (the control channel)
     socket_ifname: str | None
     peers: tuple[discovery.Peer, ...]
     master_slots: int | None
@@ -151,7 +153,11 @@ class NodeSurvey:
 def survey_nodes(
     config: ClusterConfig, program_argv: Sequence[str], environ: Mapping[str, str]
 ) -> NodeSurvey:
-    """Discover the peers, wait for their sshd and probe every node, all under ONE deadline."""
+    """Discover the peers, wait for their sshd and probe every node, all under ONE deadline.
+
+    A static list or DNS name gives the *other* nodes (this one leads); a hostfile, Slurm or the
+    MPI Operator list *every* node, and the first one is the rendezvous address (as DeepSpeed does).
+    """
     started = time.monotonic()
     deadline = started + config.wait_timeout
     python = sys.executable
@@ -160,35 +166,58 @@ def survey_nodes(
     socket_ifname = config.socket_ifname or envfile.default_socket_ifname(
         [i["name"] for i in local_interfaces]
     )
-    master_addr = config.master_addr or next(
+    local_addr = next(
         (i["addresses"][0] for i in local_interfaces if i["name"] == socket_ifname and i["addresses"]),
         socket.gethostname(),
     )
-    self_names.add(master_addr)
+    self_names.add(local_addr)
 
     spec = _discovery_spec(config, environ)
+    lists_every_node = spec is not None and bool(spec.hostfile or spec.slurm or spec.mpi_operator)
     master_slots: int | None = config.slots
     peers: list[discovery.Peer] = []
     if spec is not None:
 
-        def discover_others() -> list[discovery.Peer]:
-            return [p for p in discovery.discover_once(spec, environ) if p.host not in self_names]
+        def discover() -> list[discovery.Peer]:
+            found = discovery.discover_once(spec, environ)
+            return found if lists_every_node else [p for p in found if p.host not in self_names]
 
-        expected_others = config.nodes - 1 if config.nodes else None
-        peers = discovery.wait_for_peers(
-            discover_others, expected_others, max(0.0, deadline - time.monotonic())
-        )
-        # A list that names the master itself (hostfile, Slurm) may carry its slot count.
-        for peer in discovery.discover_once(spec, environ):
-            if peer.host in self_names and peer.slots is not None and master_slots is None:
-                master_slots = peer.slots
+        expected = config.nodes if lists_every_node else (config.nodes - 1 if config.nodes else None)
+        peers = discovery.wait_for_peers(discover, expected, max(0.0, deadline - time.monotonic()))
     elif config.nodes and config.nodes > 1:
         raise ConfigError(
             f"--nodes {config.nodes} but no peer source; fix: set --peers, --peers-dns or --hostfile "
             "(GAUDI_CLUSTER_PEERS / _PEERS_DNS / _HOSTFILE)"
         )
-    hosts = [master_addr] + [p.host for p in peers]
+    if lists_every_node:
+        hosts = [p.host for p in peers]
+        master_addr = config.master_addr or hosts[0]
+        master_slots = peers[0].slots or config.slots
+        peers = peers[1:]
+    else:
+        master_addr = config.master_addr or local_addr
+        hosts = [master_addr] + [p.host for p in peers]
     log.info("nodes: %s (found in %.1fs)", ", ".join(hosts), time.monotonic() - started)
+
+    if config.dry_run:
+        # Nothing is contacted: slots come from the peer list or the settings.
+        job_dir = Path(tempfile.mkdtemp(prefix="gaudi-cluster-dry-run-"))
+        kind = config.accelerator if config.accelerator != "auto" else environ.get("DS_ACCELERATOR", "cpu")
+        reports = {host: {"accelerator": kind, "slots": 1, "interfaces": []} for host in hosts}
+        return NodeSurvey(
+            "dry-run",
+            job_dir,
+            job_dir / "ssh_config",
+            master_addr,
+            local_addr,
+            socket_ifname,
+            tuple(peers),
+            master_slots,
+            tuple(hosts),
+            (),
+            reports,
+            {},
+        )
 
     silent = ssh.wait_for_sshd(hosts, config.ssh_port, deadline)
     if silent:
@@ -231,6 +260,7 @@ def survey_nodes(
         job_dir,
         ssh_config,
         master_addr,
+        local_addr,
         socket_ifname,
         tuple(peers),
         master_slots,
@@ -286,7 +316,7 @@ def prepare(config: ClusterConfig, program_argv: Sequence[str], environ: Mapping
     requested = requested_slots(config, survey)
     env_file = env_for(config, accelerator, reports[master_addr], environ, socket_ifname)
     findings = doctor.check_nodes(reports, {}, requested, socket_ifname, env_file.as_dict(), paths)
-    if not config.skip_doctor:
+    if not (config.skip_doctor or config.dry_run):
         problems = doctor.blocking(findings)
         if problems:
             print(doctor.render_table(findings), file=sys.stderr)
@@ -308,12 +338,15 @@ def prepare(config: ClusterConfig, program_argv: Sequence[str], environ: Mapping
     hostfile = make_hostfile(entries, master=master_addr)
     hostfile_path = job_dir / "hostfile"
     hostfile_path.write_text(render_hostfile(hostfile))
-    (Path(config.job_root).parent / STABLE_HOSTFILE).write_text(render_hostfile(hostfile))
+    if not config.dry_run:
+        stable = Path(config.job_root).parent / STABLE_HOSTFILE
+        stable.parent.mkdir(parents=True, exist_ok=True)
+        stable.write_text(render_hostfile(hostfile))
     env_path = job_dir / "deepspeed_env"
     env_path.write_text(envfile.render_env_file(env_file))
     env_path.chmod(0o600)
 
-    control = f"{master_addr}:{config.control_port}"
+    control = f"{survey.local_addr}:{config.control_port}"
     launch = _plan_for(
         config,
         hostfile,
@@ -397,7 +430,9 @@ def _openmpi_major() -> int:
     import subprocess
 
     try:
-        done = subprocess.run(["mpirun", "--version"], capture_output=True, text=True, timeout=10, check=False)
+        done = subprocess.run(
+            ["mpirun", "--version"], capture_output=True, text=True, timeout=10, check=False
+        )
         out = done.stdout
     except (OSError, subprocess.SubprocessError):
         return 4
