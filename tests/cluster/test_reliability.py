@@ -1,0 +1,177 @@
+"""Faults on real containers: the job must end fast, name the culprit, leave nothing behind, resume."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+
+import pytest
+from gaudi_cluster.localcluster import docker
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+SCRIPT = "/opt/gaudi-cluster/app/train/run_clm.py"
+CPU_CONFIG = "/opt/gaudi-cluster/app/train/configs/ds_cpu.json"
+
+
+def long_job(max_steps: int, save_steps: int = 10) -> list[str]:
+    return [
+        SCRIPT,
+        "--do_train",
+        "--output_dir",
+        "/workspace/output",
+        "--deepspeed",
+        CPU_CONFIG,
+        "--max_steps",
+        str(max_steps),
+        "--save_steps",
+        str(save_steps),
+        "--logging_steps",
+        "1",
+    ]
+
+
+def wait_for(predicate, timeout_s: float, interval_s: float = 0.25):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    return None
+
+
+def last_step(log: str) -> int:
+    steps = [int(m) for m in re.findall(r'"step": (\d+)', log)]
+    return max(steps, default=-1)
+
+
+def wait_until_training(cluster, min_step: int = 1, timeout_s: float = 240) -> None:
+    def training() -> bool:
+        log = cluster.logs(cluster.master)
+        return '"first_step"' in log and (min_step <= 1 or last_step(log) >= min_step)
+
+    assert wait_for(training, timeout_s), cluster.logs(cluster.master)[-3000:]
+
+
+def job_processes(cluster, name: str) -> list[str]:
+    """Processes of any job on a node: rank agents and what they run (python), not sshd/tini."""
+    done = cluster.exec(name, "ps", "-eo", "pid,args", "--no-headers")
+    return [
+        line
+        for line in done.stdout.splitlines()
+        if "gaudi_cluster.rank" in line
+        or "run_clm" in line
+        or "deepspeed.launcher" in line
+        or "allreduce" in line
+    ]
+
+
+def summary_line(log: str) -> str:
+    lines = [line for line in log.splitlines() if re.match(r"gaudi-cluster: job \S+ failed:", line)]
+    assert len(lines) == 1, log[-3000:]
+    return lines[0]
+
+
+def started_cluster(make_cluster, workers: int = 2):
+    cluster = make_cluster(workers=workers)
+    cluster.start_workers()
+    cluster.wait_healthy(cluster.worker_names)
+    return cluster
+
+
+def test_killed_worker_stops_the_job_everywhere_and_is_named(make_cluster):
+    cluster = started_cluster(make_cluster)
+    cluster.start_master(long_job(2000))
+    wait_until_training(cluster)
+    victim = cluster.worker(2)
+    docker("kill", victim)
+    killed_at = time.monotonic()
+    code = cluster.wait_master(timeout_s=60)
+    detected_s = time.monotonic() - killed_at
+    log = cluster.logs(cluster.master)
+    assert code != 0
+    assert "host worker-2" in summary_line(log)
+    assert detected_s < 15, detected_s
+    for survivor in (cluster.worker(1),):
+        assert wait_for(lambda s=survivor: not job_processes(cluster, s), 15), job_processes(
+            cluster, survivor
+        )
+
+
+def test_network_partition_ends_the_job_within_30s_naming_the_node(make_cluster):
+    cluster = started_cluster(make_cluster)
+    cluster.start_master(long_job(2000))
+    wait_until_training(cluster)
+    victim = cluster.worker(1)
+    docker("network", "disconnect", cluster.network, victim)
+    cut_at = time.monotonic()
+    code = cluster.wait_master(timeout_s=90)
+    elapsed = time.monotonic() - cut_at
+    log = cluster.logs(cluster.master)
+    assert code != 0
+    summary = summary_line(log)
+    assert "worker-1" in summary or "worker-" in summary, summary
+    assert elapsed < 30, elapsed
+    # The cut-off node's own agents notice the silent master and stop their ranks too.
+    assert wait_for(lambda: not job_processes(cluster, victim), 20), job_processes(cluster, victim)
+    assert wait_for(lambda: not job_processes(cluster, cluster.worker(2)), 15)
+
+
+def test_lost_master_ends_worker_ranks_and_workers_take_the_next_job(make_cluster, tmp_path):
+    cluster = started_cluster(make_cluster)
+    cluster.start_master(long_job(2000))
+    wait_until_training(cluster)
+    docker("kill", cluster.master)
+    killed_at = time.monotonic()
+    for worker in cluster.worker_names:
+        assert wait_for(lambda w=worker: not job_processes(cluster, w), 10), job_processes(cluster, worker)
+    assert time.monotonic() - killed_at < 12
+    docker("rm", "-f", cluster.master)
+    cluster.start_master(["/workspace/user/allreduce.py"])
+    assert cluster.wait_master(timeout_s=180) == 0, cluster.logs(cluster.master)[-3000:]
+    assert len(list((tmp_path / "shared").glob("rank-*.json"))) == 3
+
+
+def _global_step(output) -> int:
+    states = sorted(
+        output.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name.split("-")[1])
+    )
+    return json.loads(states[-1].read_text())["global_step"]
+
+
+def test_docker_stop_saves_then_a_restart_resumes_to_the_full_step_count(make_cluster):
+    cluster = started_cluster(make_cluster)
+    total = 60
+    cluster.start_master(long_job(total, save_steps=10))
+    wait_until_training(cluster, min_step=12)
+    stopped = subprocess.run(["docker", "stop", "-t", "40", cluster.master], capture_output=True, check=False)
+    assert stopped.returncode == 0
+    assert cluster.wait_master(timeout_s=60) == 143, cluster.logs(cluster.master)[-3000:]
+    saved = _global_step(cluster.output_dir)
+    assert 10 <= saved < total
+    docker("rm", "-f", cluster.master)
+    cluster.start_master(long_job(total, save_steps=10))
+    assert cluster.wait_master(timeout_s=600) == 0, cluster.logs(cluster.master)[-3000:]
+    log = cluster.logs(cluster.master)
+    assert re.search(rf"resum\w* .*checkpoint-{saved}\b", log, re.IGNORECASE), log[-3000:]
+    assert _global_step(cluster.output_dir) == total
+
+
+def test_max_restarts_survives_one_injected_rank_failure(make_cluster):
+    cluster = started_cluster(make_cluster)
+    cluster.start_master(
+        long_job(30, save_steps=5),
+        extra_env={
+            "GAUDI_CLUSTER_MAX_RESTARTS": "1",
+            "GAUDI_CLUSTER_ENV": "GAUDI_CLUSTER_FAULT_AT_STEP=12;GAUDI_CLUSTER_FAULT_RANK=1",
+        },
+    )
+    code = cluster.wait_master(timeout_s=600)
+    log = cluster.logs(cluster.master)
+    assert code == 0, log[-4000:]
+    assert "restarting the job" in log
+    assert "rank 1 exited with code" in summary_line(log)
+    assert _global_step(cluster.output_dir) == 30

@@ -1,0 +1,114 @@
+"""Configuration layering (flags > GAUDI_CLUSTER_* > defaults) and the CLI called in-process."""
+
+from __future__ import annotations
+
+import pytest
+
+from gaudi_cluster.cli import main
+from gaudi_cluster.config import ClusterConfig, resolve_config
+from gaudi_cluster.errors import ConfigError
+
+
+def test_flags_win_over_env_and_env_over_defaults():
+    config = resolve_config(
+        {"ssh_port": "2022", "nodes": None},
+        {"GAUDI_CLUSTER_SSH_PORT": "4022", "GAUDI_CLUSTER_NODES": "4", "GC_KERNEL_PATH": "/x"},
+    )
+    assert config.ssh_port == 2022
+    assert config.nodes == 4
+    assert config.master_port == ClusterConfig().master_port
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "culprit"),
+    [
+        ({"ssh_port": "0"}, {}, "--ssh-port"),
+        ({}, {"GAUDI_CLUSTER_MASTER_PORT": "99999"}, "GAUDI_CLUSTER_MASTER_PORT"),
+        ({}, {"GAUDI_CLUSTER_NODES": "three"}, "GAUDI_CLUSTER_NODES"),
+        ({}, {"GAUDI_CLUSTER_LAUNCHER": "srun"}, "GAUDI_CLUSTER_LAUNCHER"),
+        ({}, {"GAUDI_CLUSTER_SKIP_DOCTOR": "maybe"}, "GAUDI_CLUSTER_SKIP_DOCTOR"),
+        ({"wait_timeout": "-1"}, {}, "--wait-timeout"),
+    ],
+)
+def test_bad_settings_name_their_source_and_fix(flags, env, culprit):
+    with pytest.raises(ConfigError) as error:
+        resolve_config(flags, env)
+    message = str(error.value)
+    assert culprit in message and "fix:" in message and "\n" not in message
+
+
+def test_describe_lists_only_changed_settings():
+    assert "ssh_port=2222" in ClusterConfig(ssh_port=2222).describe()
+    assert ClusterConfig().describe().endswith("all defaults")
+
+
+def test_help_lists_subcommands(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("master", "spawn", "doctor", "probe", "reap", "hostfile"):
+        assert command in out
+
+
+def test_hostfile_command_validates(tmp_path, capsys):
+    good = tmp_path / "good"
+    good.write_text("# comment\n\nb slots=2\na slots=1  # trailing\n")
+    assert main(["hostfile", str(good)]) == 0
+    assert capsys.readouterr().out == "b slots=2\na slots=1\n"
+    bad = tmp_path / "bad"
+    bad.write_text("a slots=1\na slots=2\n")
+    assert main(["hostfile", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{bad}:2" in err[0]
+
+
+def test_master_bad_env_exits_2_before_anything(monkeypatch, capsys):
+    monkeypatch.setenv("GAUDI_CLUSTER_MASTER_PORT", "70000")
+    assert main(["master"]) == 2
+    assert "GAUDI_CLUSTER_MASTER_PORT" in capsys.readouterr().err
+
+
+def test_seed_command_dry_run_reaches_every_host(tmp_path, monkeypatch, capsys):
+    """gaudi_spawn.py --hostfile H --use_deepspeed run_clm.py … --deepspeed cfg, as the seed types it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run_clm.py").write_text("")
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("10.0.0.1 slots=8\n10.0.0.2 slots=8\n")
+    seed_args = [
+        "--model_name_or_path",
+        "gpt2-xl",
+        "--gaudi_config_name",
+        "Habana/gpt2",
+        "--dataset_name",
+        "wikitext",
+        "--dataset_config_name",
+        "wikitext-2-raw-v1",
+        "--do_train",
+        "--output_dir",
+        "/tmp/gpt2_xl_multi_node",
+        "--learning_rate",
+        "4e-04",
+        "--per_device_train_batch_size",
+        "16",
+        "--gradient_checkpointing",
+        "--num_train_epochs",
+        "1",
+        "--use_habana",
+        "--use_lazy_mode",
+        "--throughput_warmup_steps",
+        "3",
+        "--deepspeed",
+        "ds_config.json",
+    ]
+    monkeypatch.setenv("GAUDI_CLUSTER_SSH_PORT", "3022")
+    code = main(
+        ["spawn", "--dry-run", "--hostfile", str(hostfile), "--use_deepspeed", "run_clm.py", *seed_args]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "10.0.0.1 slots=8\n10.0.0.2 slots=8\n" in out
+    command = out.split("# command\n", 1)[1]
+    assert "--hostfile" in command and "--master_addr 10.0.0.1" in command
+    assert "--master_port 29500" in command and "--ssh_port 3022" in command
+    assert command.rstrip().endswith(" ".join(seed_args[-4:]))
