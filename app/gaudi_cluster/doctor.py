@@ -46,7 +46,9 @@ def check_nodes(
         findings.append(Finding(host, "ssh", False, why, "see the cause above"))
     for host, report in reports.items():
         findings.append(Finding(host, "ssh", True, f"reachable as {report.get('hostname')}"))
-        findings += _node_findings(host, report, requested_slots.get(host), socket_ifname, env, required_paths)
+        findings += _node_findings(
+            host, report, requested_slots.get(host), socket_ifname, env, required_paths
+        )
     findings += _consistency_findings(reports)
     return findings
 
@@ -63,53 +65,121 @@ def _node_findings(
     detected = int(report.get("slots") or 0)
     kind = report.get("accelerator", "cpu")
     if requested is not None and kind != "cpu" and requested > detected:
-        found.append(Finding(host, "slots", False, f"{requested} requested, {detected} {kind} devices detected",
-                             "lower slots for this host or check HABANA_VISIBLE_MODULES / the device runtime"))
+        found.append(
+            Finding(
+                host,
+                "slots",
+                False,
+                f"{requested} requested, {detected} {kind} devices detected",
+                "lower slots for this host or check HABANA_VISIBLE_MODULES / the device runtime",
+            )
+        )
     elif detected == 0 and kind != "cpu":
-        found.append(Finding(host, "slots", False, f"no {kind} device detected",
-                             "run the container with the device runtime (--runtime=habana)"))
+        found.append(
+            Finding(
+                host,
+                "slots",
+                False,
+                f"no {kind} device detected",
+                "run the container with the device runtime (--runtime=habana)",
+            )
+        )
     else:
-        found.append(Finding(host, "slots", True, f"{requested or detected} used, {detected} {kind} detected"))
+        found.append(
+            Finding(host, "slots", True, f"{requested or detected} used, {detected} {kind} detected")
+        )
     if socket_ifname:
         addresses = {i["name"]: i.get("addresses", []) for i in report.get("interfaces", [])}
         if not addresses.get(socket_ifname):
-            found.append(Finding(host, "interface", False,
-                                 f"{socket_ifname} missing or without an IPv4 address (has: {', '.join(addresses)})",
-                                 "set GAUDI_CLUSTER_SOCKET_IFNAME to an interface present on every node"))
+            found.append(
+                Finding(
+                    host,
+                    "interface",
+                    False,
+                    f"{socket_ifname} missing or without an IPv4 address (has: {', '.join(addresses)})",
+                    "set GAUDI_CLUSTER_SOCKET_IFNAME to an interface present on every node",
+                )
+            )
         else:
             found.append(Finding(host, "interface", True, f"{socket_ifname} {addresses[socket_ifname][0]}"))
     if env.get("HCCL_OVER_OFI") == "1":
         found += _efa_findings(host, report)
     for path, exists in (report.get("paths") or {}).items():
         if path in required_paths and not exists:
-            found.append(Finding(host, "workload", False, f"{path} is missing",
-                                 "use the same image (or shared storage) on every node"))
+            found.append(
+                Finding(
+                    host,
+                    "workload",
+                    False,
+                    f"{path} is missing",
+                    "use the same image (or shared storage) on every node",
+                )
+            )
     if required_paths and all((report.get("paths") or {}).get(p) for p in required_paths):
         found.append(Finding(host, "workload", True, "present"))
     disk = report.get("free_disk_bytes")
     if disk is not None and disk < MIN_FREE_DISK:
-        found.append(Finding(host, "disk", False, f"{disk >> 20} MiB free", "free disk space for checkpoints",
-                             blocking=False))
+        found.append(
+            Finding(
+                host,
+                "disk",
+                False,
+                f"{disk >> 20} MiB free",
+                "free disk space for checkpoints",
+                blocking=False,
+            )
+        )
     shm = report.get("free_shm_bytes")
     if shm is not None and shm < MIN_FREE_SHM:
-        found.append(Finding(host, "shm", False, f"/dev/shm has {shm >> 20} MiB free",
-                             "run the container with --ipc=host or --shm-size 1g", blocking=False))
+        found.append(
+            Finding(
+                host,
+                "shm",
+                False,
+                f"/dev/shm has {shm >> 20} MiB free",
+                "run the container with --ipc=host or --shm-size 1g",
+                blocking=False,
+            )
+        )
     return found
 
 
 def _efa_findings(host: str, report: Mapping[str, Any]) -> list[Finding]:
     found = []
     if not report.get("uverbs_devices"):
-        found.append(Finding(host, "efa", False, "HCCL_OVER_OFI=1 but no /dev/infiniband/uverbs* device",
-                             "run the container with --privileged (or --device /dev/infiniband/uverbsN)"))
+        found.append(
+            Finding(
+                host,
+                "efa",
+                False,
+                "HCCL_OVER_OFI=1 but no /dev/infiniband/uverbs* device",
+                "run the container with --privileged (or --device /dev/infiniband/uverbsN)",
+            )
+        )
     if report.get("efa_provider") is False:
-        found.append(Finding(host, "efa", False, "`fi_info -p efa` finds no EFA provider",
-                             "check the EFA driver on the host and the security group"))
+        found.append(
+            Finding(
+                host,
+                "efa",
+                False,
+                "`fi_info -p efa` finds no EFA provider",
+                "check the EFA driver on the host and the security group",
+            )
+        )
     if not report.get("hccl_ofi_wrapper"):
-        found.append(Finding(host, "efa", False, "libhccl_ofi_wrapper.so not found",
-                             "use the gaudi image (it builds hccl_ofi_wrapper) or add its dir to LD_LIBRARY_PATH"))
+        found.append(
+            Finding(
+                host,
+                "efa",
+                False,
+                "libhccl_ofi_wrapper.so not found",
+                "use the gaudi image (it builds hccl_ofi_wrapper) or add its dir to LD_LIBRARY_PATH",
+            )
+        )
     if not found:
-        found.append(Finding(host, "efa", True, f"{len(report['uverbs_devices'])} uverbs devices, wrapper present"))
+        found.append(
+            Finding(host, "efa", True, f"{len(report['uverbs_devices'])} uverbs devices, wrapper present")
+        )
     return found
 
 
@@ -130,8 +200,15 @@ def _consistency_findings(reports: Mapping[str, Mapping[str, Any]]) -> list[Find
                     )
                 else:
                     diff = f"{value} (others {expected})"
-                found.append(Finding(host, label, False, f"differs: {diff}",
-                                     "run the same image on every node (make image, then docker pull/load everywhere)"))
+                found.append(
+                    Finding(
+                        host,
+                        label,
+                        False,
+                        f"differs: {diff}",
+                        "run the same image on every node (make image, then docker pull/load everywhere)",
+                    )
+                )
     return found
 
 
@@ -146,7 +223,8 @@ def render_table(findings: Sequence[Finding]) -> str:
         rows.append((f.host, f.check, status, f.detail, f.fix))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     return "\n".join(
-        "  ".join(cell.ljust(widths[i]) if i < 4 else cell for i, cell in enumerate(row)).rstrip() for row in rows
+        "  ".join(cell.ljust(widths[i]) if i < 4 else cell for i, cell in enumerate(row)).rstrip()
+        for row in rows
     )
 
 

@@ -13,7 +13,9 @@ from gaudi_cluster.roles import run_master
 
 def config_for_spawn(request: SpawnRequest, base: ClusterConfig, dry_run: bool) -> ClusterConfig:
     launcher = "mpirun" if request.use_mpi else "deepspeed" if request.use_deepspeed else "torchrun"
-    config = replace(base, launcher=launcher, master_port=request.master_port, dry_run=dry_run or base.dry_run)
+    config = replace(
+        base, launcher=launcher, master_port=request.master_port, dry_run=dry_run or base.dry_run
+    )
     if request.hostfile:
         # The hostfile names every node, the master included: it is the only peer source.
         return replace(config, hostfile=request.hostfile, peers=None, peers_dns=None, nodes=None)

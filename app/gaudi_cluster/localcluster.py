@@ -22,7 +22,9 @@ KEY_MOUNT = "/run/secrets/gaudi-cluster"
 OUTPUT_MOUNT = "/workspace/output"
 
 
-def docker(*args: str, check: bool = True, timeout: float = 120, capture: bool = True) -> subprocess.CompletedProcess[str]:
+def docker(
+    *args: str, check: bool = True, timeout: float = 120, capture: bool = True
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["docker", *args], check=check, text=True, capture_output=capture, timeout=timeout)
 
 
@@ -67,10 +69,20 @@ class LocalCluster:
 
     def _common_args(self, name: str, hostname: str) -> list[str]:
         args = [
-            "--name", name, "--hostname", hostname, "--network", self.network,
-            "--label", f"{LABEL}={self.name}", "--shm-size", "1g",
-            "-v", f"{self.key_dir.resolve()}:{KEY_MOUNT}:ro",
-            "-e", f"GAUDI_CLUSTER_SLOTS={self.slots}",
+            "--name",
+            name,
+            "--hostname",
+            hostname,
+            "--network",
+            self.network,
+            "--label",
+            f"{LABEL}={self.name}",
+            "--shm-size",
+            "1g",
+            "-v",
+            f"{self.key_dir.resolve()}:{KEY_MOUNT}:ro",
+            "-e",
+            f"GAUDI_CLUSTER_SLOTS={self.slots}",
             *self.run_args,
         ]
         for key, value in self.env.items():
@@ -96,8 +108,13 @@ class LocalCluster:
         return time.monotonic() - start
 
     def health(self, name: str) -> str:
-        done = docker("inspect", "-f", "{{if .State.Health}}{{.State.Health.Status}}{{end}} {{.State.Status}}",
-                      name, check=False)
+        done = docker(
+            "inspect",
+            "-f",
+            "{{if .State.Health}}{{.State.Health.Status}}{{end}} {{.State.Status}}",
+            name,
+            check=False,
+        )
         return done.stdout.split()[0] if done.returncode == 0 and done.stdout.split() else "missing"
 
     def master_args(self, extra_env: dict[str, str] | None = None) -> list[str]:
@@ -110,8 +127,9 @@ class LocalCluster:
             args += ["-v", f"{self.output_dir.resolve()}:{OUTPUT_MOUNT}"]
         return args
 
-    def start_master(self, job: Sequence[str] = (), extra_env: dict[str, str] | None = None,
-                     role: str = "master") -> None:
+    def start_master(
+        self, job: Sequence[str] = (), extra_env: dict[str, str] | None = None, role: str = "master"
+    ) -> None:
         """Start the master detached; follow it with wait_master()."""
         docker("run", "-d", *self.master_args(extra_env), self.image, role, *job)
         self.started.append(self.master)
@@ -119,8 +137,9 @@ class LocalCluster:
     def run_master_attached(self, job: Sequence[str] = (), extra_env: dict[str, str] | None = None) -> int:
         """Run the master in the foreground (output streamed); Ctrl-C reaches it through docker."""
         self.started.append(self.master)
-        return subprocess.run(["docker", "run", *self.master_args(extra_env), self.image, "master", *job],
-                              check=False).returncode
+        return subprocess.run(
+            ["docker", "run", *self.master_args(extra_env), self.image, "master", *job], check=False
+        ).returncode
 
     def wait_master(self, timeout_s: float = 600) -> int:
         done = docker("wait", self.master, timeout=timeout_s)
@@ -137,8 +156,9 @@ class LocalCluster:
         return docker("exec", name, *command, check=False, timeout=timeout)
 
     def ip_of(self, name: str) -> str:
-        return docker("inspect", "-f", f'{{{{(index .NetworkSettings.Networks "{self.network}").IPAddress}}}}',
-                      name).stdout.strip()
+        return docker(
+            "inspect", "-f", f'{{{{(index .NetworkSettings.Networks "{self.network}").IPAddress}}}}', name
+        ).stdout.strip()
 
     def remove(self) -> None:
         ids = docker("ps", "-aq", "--filter", f"label={LABEL}={self.name}", check=False).stdout.split()
@@ -175,7 +195,10 @@ def _summary(output: Path, nodes: int, ranks: int) -> str:
 def demo(image: str, workers: int, output: Path, key_dir: Path) -> int:
     """`make demo`: train across a master and workers, evaluate on one node, summarize, tear down."""
     if not engine_answers():
-        print("demo: error: no Docker engine answers; fix: start one (scripts/start-docker-engine.sh)", file=sys.stderr)
+        print(
+            "demo: error: no Docker engine answers; fix: start one (scripts/start-docker-engine.sh)",
+            file=sys.stderr,
+        )
         return 2
     ensure_keys(key_dir)
     if output.exists():
@@ -191,9 +214,26 @@ def demo(image: str, workers: int, output: Path, key_dir: Path) -> int:
             return code
         # The seed evaluates on one node, after training, from the output directory.
         evaluation = subprocess.run(
-            ["docker", "run", "--rm", "--network", "none", "-v", f"{output.resolve()}:{OUTPUT_MOUNT}", image,
-             "python", "-u", "/opt/gaudi-cluster/app/train/run_clm.py", "--model_name_or_path", OUTPUT_MOUNT,
-             "--do_eval", "--output_dir", OUTPUT_MOUNT, "--per_device_eval_batch_size", "8"],
+            [
+                "docker",
+                "run",
+                "--rm",
+                "--network",
+                "none",
+                "-v",
+                f"{output.resolve()}:{OUTPUT_MOUNT}",
+                image,
+                "python",
+                "-u",
+                "/opt/gaudi-cluster/app/train/run_clm.py",
+                "--model_name_or_path",
+                OUTPUT_MOUNT,
+                "--do_eval",
+                "--output_dir",
+                OUTPUT_MOUNT,
+                "--per_device_eval_batch_size",
+                "8",
+            ],
             check=False,
         ).returncode
         if evaluation != 0:
@@ -213,7 +253,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m gaudi_cluster.localcluster")
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("demo", help="train across a local master and workers, evaluate, summarize, tear down")
+    run = sub.add_parser(
+        "demo", help="train across a local master and workers, evaluate, summarize, tear down"
+    )
     run.add_argument("--image", default=os.environ.get("GAUDI_CLUSTER_IMAGE", "gaudi-cluster:cpu"))
     run.add_argument("--workers", type=int, default=2)
     run.add_argument("--output", type=Path, default=Path("build/demo-output"))

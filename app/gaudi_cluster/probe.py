@@ -38,8 +38,9 @@ def package_versions() -> dict[str, str | None]:
 def interfaces() -> list[dict[str, Any]]:
     """Interfaces in kernel (ifindex) order with their IPv4 addresses."""
     try:
-        out = subprocess.run(["ip", "-j", "-4", "addr", "show"], capture_output=True, text=True, timeout=5,
-                             check=True).stdout
+        out = subprocess.run(
+            ["ip", "-j", "-4", "addr", "show"], capture_output=True, text=True, timeout=5, check=True
+        ).stdout
         return [
             {"name": entry["ifname"], "addresses": [a["local"] for a in entry.get("addr_info", [])]}
             for entry in sorted(json.loads(out), key=lambda e: e.get("ifindex", 0))
@@ -70,7 +71,10 @@ def _efa_provider_ok() -> bool | None:
     if not fi_info:
         return None
     try:
-        return subprocess.run([fi_info, "-p", "efa"], capture_output=True, timeout=10, check=False).returncode == 0
+        return (
+            subprocess.run([fi_info, "-p", "efa"], capture_output=True, timeout=10, check=False).returncode
+            == 0
+        )
     except (OSError, subprocess.SubprocessError):
         return False
 

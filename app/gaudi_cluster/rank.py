@@ -194,8 +194,15 @@ class RankAgent:
             except ConnectionError as error:
                 self.say(f"error: {error}; the rank is not started without supervision")
                 return 1
-            self.channel.send({"type": "hello", "job": self.job_id, "host": self.host, "rank": self.rank,
-                               "pid": os.getpid()})
+            self.channel.send(
+                {
+                    "type": "hello",
+                    "job": self.job_id,
+                    "host": self.host,
+                    "rank": self.rank,
+                    "pid": os.getpid(),
+                }
+            )
         try:
             self.start_child()
         except OSError as error:
@@ -222,8 +229,15 @@ class RankAgent:
     def _report(self, code: int, signum: int | None) -> None:
         if self.channel is None:
             return
-        self.channel.send({"type": "exit", "code": code, "signal": signum, "tail": list(self.tail),
-                           "stop_reason": self.stop_reason})
+        self.channel.send(
+            {
+                "type": "exit",
+                "code": code,
+                "signal": signum,
+                "tail": list(self.tail),
+                "stop_reason": self.stop_reason,
+            }
+        )
         self.channel.close()
 
     def _forward_signals(self) -> list[int]:
@@ -233,7 +247,9 @@ class RankAgent:
         def handler(signum: int, _frame: object) -> None:
             received.append(signum)
             threading.Thread(
-                target=self.stop_child, args=(f"agent received {signal.Signals(signum).name}", 15), daemon=True
+                target=self.stop_child,
+                args=(f"agent received {signal.Signals(signum).name}", 15),
+                daemon=True,
             ).start()
 
         signal.signal(signal.SIGTERM, handler)
@@ -245,18 +261,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gaudi_cluster.rank", description=__doc__.splitlines()[0])
     parser.add_argument("--job-id", required=True)
     parser.add_argument("--control", help="HOST:PORT of the master's control channel")
-    parser.add_argument("--job-root", default=os.environ.get("GAUDI_CLUSTER_JOB_ROOT", "/run/gaudi-cluster/jobs"))
-    parser.add_argument("--heartbeat-timeout", type=float,
-                        default=float(os.environ.get("GAUDI_CLUSTER_HEARTBEAT_TIMEOUT", "10")))
-    parser.add_argument("--connect-timeout", type=float, default=30.0,
-                        help="seconds to keep trying the master's control channel before giving up")
+    parser.add_argument(
+        "--job-root", default=os.environ.get("GAUDI_CLUSTER_JOB_ROOT", "/run/gaudi-cluster/jobs")
+    )
+    parser.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=float(os.environ.get("GAUDI_CLUSTER_HEARTBEAT_TIMEOUT", "10")),
+    )
+    parser.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=30.0,
+        help="seconds to keep trying the master's control channel before giving up",
+    )
     parser.add_argument("program", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
     if not program:
         parser.error("no program given after --")
-    agent = RankAgent(args.job_id, program, args.control, Path(args.job_root), args.heartbeat_timeout,
-                      args.connect_timeout)
+    agent = RankAgent(
+        args.job_id, program, args.control, Path(args.job_root), args.heartbeat_timeout, args.connect_timeout
+    )
     return agent.run()
 
 

@@ -395,6 +395,7 @@ def _plan_for(
             control=control,
             mpi_root=mpi_root,
             openmpi_major=_openmpi_major(),
+            socket_ifname=socket_ifname,
         )
     if config.launcher == "torchrun":
         if len(hostfile.entries) > 1:

@@ -147,7 +147,9 @@ class Supervisor:
         while True:
             with contextlib.suppress(queue.Empty):
                 signum = self._signals.get_nowait()
-                self._print(f"gaudi-cluster: received {signal_name(signum)}; stopping job {self.job_id} on every node")
+                self._print(
+                    f"gaudi-cluster: received {signal_name(signum)}; stopping job {self.job_id} on every node"
+                )
                 outcome.stopped_by_signal = signum
                 outcome.exit_code = 128 + signum
                 return outcome
@@ -270,10 +272,8 @@ class Supervisor:
         if self.launcher.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.launcher.pid, signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.launcher.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                pass
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.launcher.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from gaudi_cluster.cli import main
 from gaudi_cluster.config import ClusterConfig, resolve_config
 from gaudi_cluster.errors import ConfigError

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from gaudi_cluster.control import ControlServer
 from gaudi_cluster.plan import LaunchPlan
 from gaudi_cluster.supervise import Supervisor, SupervisorSettings
@@ -37,7 +36,8 @@ def launcher_for(job_id: str, port: int, programs: list[str]) -> LaunchPlan:
     agents = []
     for rank, program in enumerate(programs):
         agents.append(
-            f"RANK={rank} LOCAL_RANK={rank} WORLD_SIZE={len(programs)} {sys.executable} -u -m gaudi_cluster.rank "
+            f"RANK={rank} LOCAL_RANK={rank} WORLD_SIZE={len(programs)} "
+            f"{sys.executable} -u -m gaudi_cluster.rank "
             f"--job-id {job_id} --control 127.0.0.1:{port} -- bash -c {program!r} &"
         )
     script = " ".join(agents) + " wait"
@@ -142,8 +142,21 @@ def test_rank_dies_with_its_master(tmp_path):
     server.start()
     marker = f"orphan-marker-{time.monotonic_ns()}"
     agent = subprocess.Popen(
-        [sys.executable, "-m", "gaudi_cluster.rank", "--job-id", "orphan-job", "--control", f"127.0.0.1:{port}",
-         "--job-root", str(tmp_path), "--", "bash", "-c", f"exec -a {marker} sleep 60"],
+        [
+            sys.executable,
+            "-m",
+            "gaudi_cluster.rank",
+            "--job-id",
+            "orphan-job",
+            "--control",
+            f"127.0.0.1:{port}",
+            "--job-root",
+            str(tmp_path),
+            "--",
+            "bash",
+            "-c",
+            f"exec -a {marker} sleep 60",
+        ],
         stdout=subprocess.DEVNULL,
     )
     event = server.events.get(timeout=10)
@@ -158,9 +171,27 @@ def test_rank_dies_with_its_master(tmp_path):
 def test_agent_refuses_to_run_unsupervised(tmp_path):
     port = free_port()  # nothing listens there
     done = subprocess.run(
-        [sys.executable, "-m", "gaudi_cluster.rank", "--job-id", "x", "--control", f"127.0.0.1:{port}",
-         "--job-root", str(tmp_path), "--connect-timeout", "2", "--", "touch", str(tmp_path / "ran")],
-        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        [
+            sys.executable,
+            "-m",
+            "gaudi_cluster.rank",
+            "--job-id",
+            "x",
+            "--control",
+            f"127.0.0.1:{port}",
+            "--job-root",
+            str(tmp_path),
+            "--connect-timeout",
+            "2",
+            "--",
+            "touch",
+            str(tmp_path / "ran"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        check=False,
     )
     assert done.returncode == 1
     assert "cannot reach the master's control channel" in done.stdout

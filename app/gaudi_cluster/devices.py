@@ -1,0 +1,132 @@
+"""How many ranks a node can run (slots) and which accelerator it has.
+
+The /dev listing and the vendor tools are injected, so detection is testable without devices.
+A zero count is returned as 0: whether that is fatal is the caller's (doctor's) decision.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+
+from gaudi_cluster.errors import ConfigError
+
+ACCELERATORS = ("hpu", "cuda", "cpu")
+ACCEL_DIR = "/dev/accel"
+# accel_controlD* are the control nodes of the same cards; counting them would double the slots.
+_ACCEL_RE = re.compile(r"accel[0-9]+")
+HL_SMI_INDEX = ("hl-smi", "-Q", "index", "-f", "csv,noheader")
+NVIDIA_SMI_LIST = ("nvidia-smi", "-L")
+
+ListDir = Callable[[str], list[str]]
+Runner = Callable[[Sequence[str]], "str | None"]
+
+
+def default_run(argv: Sequence[str], timeout_s: float = 15.0) -> str | None:
+    """stdout of `argv`, or None when the tool is absent, fails or hangs."""
+    try:
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def _accel_nodes(list_dir: ListDir) -> list[str]:
+    try:
+        names = list_dir(ACCEL_DIR)
+    except OSError:
+        return []
+    return sorted(n for n in names if _ACCEL_RE.fullmatch(n))
+
+
+def _hl_smi_count(run: Runner) -> int:
+    out = run(HL_SMI_INDEX)
+    if not out:
+        return 0
+    return sum(1 for line in out.splitlines() if line.strip().isdigit())
+
+
+def _nvidia_smi_count(run: Runner) -> int:
+    out = run(NVIDIA_SMI_LIST)
+    if not out:
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def parse_habana_visible_modules(value: str) -> list[int]:
+    items = [v.strip() for v in value.split(",")]
+    modules: list[int] = []
+    for item in items:
+        if not re.fullmatch(r"[0-9]+", item):
+            raise ConfigError(
+                f"HABANA_VISIBLE_MODULES='{value}': '{item}' is not a module id; "
+                "fix: write a comma list of module ids such as 0,1,2,3"
+            )
+        if int(item) in modules:
+            raise ConfigError(
+                f"HABANA_VISIBLE_MODULES='{value}': module {item} is listed twice; fix: list each id once"
+            )
+        modules.append(int(item))
+    return modules
+
+
+def cuda_visible_count(value: str) -> int:
+    """Devices CUDA exposes for a CUDA_VISIBLE_DEVICES value (the list stops at the first -1)."""
+    value = value.strip()
+    if value in ("", "NoDevFiles"):
+        return 0
+    count = 0
+    for raw in value.split(","):
+        item = raw.strip()
+        if not item or item.startswith("-"):
+            break
+        count += 1
+    return count
+
+
+def detect_slots(
+    accelerator: str,
+    env: Mapping[str, str],
+    *,
+    cpu_slots: int | None = None,
+    list_dir: ListDir = os.listdir,
+    run: Runner = default_run,
+) -> int:
+    if accelerator == "hpu":
+        visible = env.get("HABANA_VISIBLE_MODULES", "").strip()
+        if visible:
+            return len(parse_habana_visible_modules(visible))
+        return len(_accel_nodes(list_dir)) or _hl_smi_count(run)
+    if accelerator == "cuda":
+        if "CUDA_VISIBLE_DEVICES" in env:
+            return cuda_visible_count(env["CUDA_VISIBLE_DEVICES"])
+        return _nvidia_smi_count(run)
+    if accelerator == "cpu":
+        if cpu_slots is None:
+            return 1
+        if isinstance(cpu_slots, bool) or cpu_slots < 1:
+            raise ConfigError(f"GAUDI_CLUSTER_SLOTS={cpu_slots} is not >= 1; fix: set the ranks per node")
+        return cpu_slots
+    raise ConfigError(f"accelerator '{accelerator}' is unknown; fix: use one of {', '.join(ACCELERATORS)}")
+
+
+def detect_accelerator(
+    env: Mapping[str, str], list_dir: ListDir = os.listdir, run: Runner = default_run
+) -> str:
+    """GAUDI_CLUSTER_ACCELERATOR, then DS_ACCELERATOR, then what the node has (hpu > cuda > cpu)."""
+    for var in ("GAUDI_CLUSTER_ACCELERATOR", "DS_ACCELERATOR"):
+        value = env.get(var, "").strip().lower()
+        if value in ("", "auto"):
+            continue
+        if value not in ACCELERATORS:
+            raise ConfigError(
+                f"{var}='{env[var]}' is not supported; fix: use one of {', '.join(ACCELERATORS)} or auto"
+            )
+        return value
+    if "accel0" in _accel_nodes(list_dir) or _hl_smi_count(run) > 0:
+        return "hpu"
+    if _nvidia_smi_count(run) > 0:
+        return "cuda"
+    return "cpu"

@@ -1,0 +1,276 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from gaudi_cluster.compat import (
+    DistributedRunner,
+    SpawnRequest,
+    command_from_list,
+    parse_gaudi_spawn_args,
+    spawn_main,
+)
+from gaudi_cluster.errors import ConfigError
+from gaudi_cluster.hostfile import parse_hostfile
+
+REPO = Path(__file__).resolve().parents[2]
+
+SEED_ARGS = [
+    "--model_name_or_path", "gpt2-xl", "--gaudi_config_name", "Habana/gpt2",
+    "--dataset_name", "wikitext", "--dataset_config_name", "wikitext-2-raw-v1",
+    "--do_train", "--output_dir", "/tmp/gpt2_xl_multi_node", "--learning_rate", "4e-04",
+    "--per_device_train_batch_size", "16", "--gradient_checkpointing", "--num_train_epochs", "1",
+    "--use_habana", "--use_lazy_mode", "--throughput_warmup_steps", "3", "--deepspeed", "ds.json",
+]  # fmt: skip
+
+HOSTFILES = {"H": "a slots=8\nb slots=8\n", "H1": "a slots=2\n"}
+
+
+def exists(path):
+    return path in ("run_clm.py", "train.py", "eval.py")
+
+
+def load(path):
+    return parse_hostfile(HOSTFILES[path], path)
+
+
+def parse(argv):
+    return parse_gaudi_spawn_args(argv, exists=exists, load_hostfile=load)
+
+
+def test_seed_command():
+    req = parse(["--hostfile", "H", "--use_deepspeed", "run_clm.py", *SEED_ARGS])
+    assert req == SpawnRequest(
+        script="run_clm.py",
+        script_args=tuple(SEED_ARGS),
+        world_size=16,
+        hostfile="H",
+        use_mpi=False,
+        use_deepspeed=True,
+        master_port=29500,
+        world_size_explicit=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "fields"),
+    [
+        pytest.param(["run_clm.py"], {"world_size": 1, "use_mpi": False, "hostfile": None}, id="single-card"),
+        pytest.param(
+            ["--world_size=8", "--use_mpi", "run_clm.py", "--a", "b"],
+            {"world_size": 8, "use_mpi": True, "script_args": ("--a", "b"), "world_size_explicit": True},
+            id="mpi",
+        ),
+        pytest.param(
+            ["--world_size", "8", "--use_deepspeed", "--master_port", "29600", "run_clm.py"],
+            {"world_size": 8, "use_deepspeed": True, "master_port": 29600},
+            id="ds-single-node",
+        ),
+        pytest.param(
+            ["--hostfile", "H", "--use_deepspeed", "--world_size", "16", "run_clm.py"],
+            {"world_size": 16, "world_size_explicit": True},
+            id="world-size-matches",
+        ),
+        pytest.param(
+            ["--hostfile", "H1", "--use_deepspeed", "run_clm.py"], {"world_size": 2}, id="from-hostfile"
+        ),
+        pytest.param(
+            ["run_clm.py", "--world_size", "4", "--use_mpi"],
+            {"world_size": 1, "script_args": ("--world_size", "4", "--use_mpi")},
+            id="flags-after-script",
+        ),
+        pytest.param(
+            ["run_clm.py", "--text", "a b", "$X", "it's"],
+            {"script_args": ("--text", "a b", "$X", "it's")},
+            id="verbatim",
+        ),
+    ],
+)
+def test_parse_ok(argv, fields):
+    req = parse(argv)
+    for name, value in fields.items():
+        assert getattr(req, name) == value, name
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        pytest.param(
+            ["--use_mpi", "--use_deepspeed", "run_clm.py"], "--use_mpi and --use_deepspeed", id="both"
+        ),
+        pytest.param(["--hostfile", "H", "run_clm.py"], "needs --use_deepspeed", id="hostfile-no-ds"),
+        pytest.param(
+            ["--hostfile", "H", "--use_deepspeed", "--world_size", "8", "run_clm.py"],
+            "--world_size 8 contradicts hostfile H, whose slots add up to 16",
+            id="world-size-conflict",
+        ),
+        pytest.param(
+            ["--hostfile", "H1", "--use_deepspeed", "--world_size", "1", "run_clm.py"],
+            "contradicts",
+            id="explicit-one-conflicts",
+        ),
+        pytest.param(["--use_deepspeed", "missing.py"], "script 'missing.py' does not exist", id="no-script"),
+        pytest.param(["--use_deepspeed"], "training_script", id="script-not-given"),
+        pytest.param(["--world_size", "x", "run_clm.py"], "invalid int value", id="bad-int"),
+        pytest.param(["--world_size", "0", "run_clm.py"], "--world_size 0", id="zero-world"),
+        pytest.param(["--master_port", "70000", "run_clm.py"], "--master_port 70000", id="bad-port"),
+        pytest.param(["--bogus", "run_clm.py"], "unrecognized", id="unknown-flag"),
+    ],
+)
+def test_parse_errors(argv, match):
+    with pytest.raises(ConfigError, match=match) as exc:
+        parse(argv)
+    assert "fix:" in str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+def test_errors_are_also_value_errors():
+    with pytest.raises(ValueError):
+        parse(["--use_mpi", "--use_deepspeed", "run_clm.py"])
+
+
+def test_missing_hostfile_is_config_error(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("")
+    with pytest.raises(ConfigError, match="does not exist"):
+        parse_gaudi_spawn_args(["--hostfile", str(tmp_path / "nope"), "--use_deepspeed", str(script)])
+
+
+def test_command_from_list():
+    assert command_from_list(["train.py --a b", "eval.py --text 'x y' \"q r\""]) == [
+        ["train.py", "--a", "b"],
+        ["eval.py", "--text", "x y", "q r"],
+    ]
+
+
+@pytest.mark.parametrize(("cmds", "match"), [(["   "], r"command_list\[0\] is empty"), (["a 'b"], "quotes")])
+def test_command_from_list_errors(cmds, match):
+    with pytest.raises(ConfigError, match=match):
+        command_from_list(cmds)
+
+
+@pytest.fixture
+def fake_launch(monkeypatch):
+    calls: list[tuple[SpawnRequest, bool]] = []
+    codes: list[int | None] = []
+    module = types.ModuleType("gaudi_cluster.launch")
+
+    def run_spawn(request, *, dry_run=False):
+        calls.append((request, dry_run))
+        return codes.pop(0) if codes else 0
+
+    module.run_spawn = run_spawn
+    monkeypatch.setitem(sys.modules, "gaudi_cluster.launch", module)
+    monkeypatch.chdir(REPO)
+    return calls, codes
+
+
+@pytest.fixture
+def scripts(tmp_path, monkeypatch):
+    for name in ("train.py", "eval.py", "third.py"):
+        (tmp_path / name).write_text("")
+    (tmp_path / "H").write_text(HOSTFILES["H"])
+    return tmp_path
+
+
+def test_runner_runs_in_order_and_returns_zero(fake_launch, scripts, monkeypatch):
+    calls, _ = fake_launch
+    monkeypatch.chdir(scripts)
+    code = DistributedRunner(["train.py --a 1", "eval.py"], world_size=8, use_mpi=True).run()
+    assert code == 0
+    assert [(r.script, r.script_args, r.world_size, r.use_mpi) for r, _ in calls] == [
+        ("train.py", ("--a", "1"), 8, True),
+        ("eval.py", (), 8, True),
+    ]
+
+
+def test_runner_stops_at_first_failure(fake_launch, scripts, monkeypatch):
+    calls, codes = fake_launch
+    codes.extend([0, 3, 0])
+    monkeypatch.chdir(scripts)
+    assert DistributedRunner(["train.py", "eval.py", "third.py"]).run() == 3
+    assert [r.script for r, _ in calls] == ["train.py", "eval.py"]
+
+
+def test_runner_none_from_launcher_is_zero(fake_launch, scripts, monkeypatch):
+    _, codes = fake_launch
+    codes.append(None)
+    monkeypatch.chdir(scripts)
+    assert DistributedRunner(["train.py"]).run() == 0
+
+
+def test_runner_hostfile_and_options(fake_launch, scripts, monkeypatch):
+    calls, _ = fake_launch
+    monkeypatch.chdir(scripts)
+    code = DistributedRunner(
+        ["train.py"],
+        hostfile=scripts / "H",
+        use_deepspeed=True,
+        master_port=29700,
+        use_env=True,
+        map_by="slot",
+    ).run()
+    assert code == 0
+    req = calls[0][0]
+    assert (req.hostfile, req.world_size, req.master_port, req.use_env, req.map_by) == (
+        str(scripts / "H"),
+        16,
+        29700,
+        True,
+        "slot",
+    )
+
+
+def test_runner_dry_run_passed(fake_launch, scripts, monkeypatch):
+    calls, _ = fake_launch
+    monkeypatch.chdir(scripts)
+    DistributedRunner(["train.py"], dry_run=True).run()
+    assert calls[0][1] is True
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"use_mpi": True, "use_deepspeed": True}, "use_mpi and use_deepspeed"),
+        ({"hostfile": "H"}, "needs use_deepspeed=True"),
+    ],
+)
+def test_runner_constructor_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        DistributedRunner(["train.py"], **kwargs)
+
+
+def test_runner_multi_hls_deprecated():
+    with pytest.warns(DeprecationWarning, match="multi_hls"):
+        DistributedRunner(["train.py"], multi_hls=True)
+
+
+def test_runner_default_command_list_runs_nothing(fake_launch):
+    assert DistributedRunner().run() == 0
+    assert fake_launch[0] == []
+
+
+def test_spawn_main(fake_launch, scripts, monkeypatch):
+    calls, codes = fake_launch
+    codes.append(7)
+    monkeypatch.chdir(scripts)
+    assert spawn_main(["--world_size", "2", "--use_mpi", "train.py", "x"], dry_run=True) == 7
+    assert calls[0][0].script_args == ("x",) and calls[0][1] is True
+
+
+def test_gaudi_spawn_script_reports_config_error(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(REPO / "app" / "gaudi_spawn.py"), "--use_mpi", "--use_deepspeed", "x.py"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin"},
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr.startswith("gaudi_spawn.py: error: --use_mpi and --use_deepspeed")
+    assert done.stderr.count("\n") == 1

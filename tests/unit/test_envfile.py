@@ -1,0 +1,299 @@
+from __future__ import annotations
+
+import pytest
+from gaudi_cluster.envfile import (
+    GAUDINIC_DEFAULTS,
+    PRESETS,
+    EnvFile,
+    build_env_file,
+    default_socket_ifname,
+    extra_env_from_flags,
+    extra_env_from_spec,
+    is_forwarded,
+    parse_env_file,
+    render_env_file,
+    value_problem,
+)
+from gaudi_cluster.errors import ConfigError
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.unit.ds_reference import ds_exports_from_env_file, make_printer, run_remote
+
+MASTER_ENV = {
+    "HCCL_COMM_ID": "10.0.0.1:9696",
+    "HABANA_LOGS": "/var/log/habana_logs/",
+    "HABANA_VISIBLE_MODULES": "0,1",
+    "PT_HPU_LAZY_MODE": "1",
+    "GC_KERNEL_PATH": "/usr/lib/habanalabs/libtpc_kernels.so",
+    "FI_PROVIDER": "efa",
+    "RDMAV_FORK_SAFE": "1",
+    "LD_LIBRARY_PATH": "/usr/lib/habanalabs:/opt/x",
+    "PATH": "/usr/local/bin:/usr/bin",
+    "PYTHONPATH": "/opt/gaudi-cluster/app",
+    "HF_HOME": "/data/hf",
+    "HF_TOKEN": "hf_secret",
+    "HUGGING_FACE_HUB_TOKEN": "hf_secret",
+    "AWS_SECRET_ACCESS_KEY": "s",
+    "OPENAI_API_KEY": "k",
+    "HF_API_KEY": "k",
+    "DS_ACCELERATOR": "hpu",
+    "NCCL_SOCKET_IFNAME": "eth1",
+    "TORCH_EXTENSIONS_DIR": "/opt/torch-extensions",
+    "OMP_NUM_THREADS": "4",
+    "MASTER_ADDR": "10.0.0.1",
+    "MASTER_PORT": "29500",
+    "CUDA_VISIBLE_DEVICES": "0",
+    "HOSTNAME": "master",
+    "BASH_FUNC_x%%": "() { :; }",
+    "OLDPWD": "/",
+    "PWD": "/workspace",
+    "SHLVL": "1",
+    "_": "/usr/bin/python",
+    "HOME": "/root",
+    "GAUDI_CLUSTER_JOB_ID": "j1",
+    "GAUDI_CLUSTER_CONTROL": "10.0.0.1:29400",
+    "GAUDI_CLUSTER_PROGRESS_DIR": "/run/gaudi-cluster/jobs/j1",
+    "GAUDI_CLUSTER_PEERS": "a,b",
+    "HCCL_WEIRD": "a$b",
+}
+
+
+def test_allow_list_from_environ():
+    ef = build_env_file(MASTER_ENV, "none", {}, None)
+    assert ef.as_dict() == {
+        "DS_ACCELERATOR": "hpu",
+        "FI_PROVIDER": "efa",
+        "GAUDI_CLUSTER_CONTROL": "10.0.0.1:29400",
+        "GAUDI_CLUSTER_JOB_ID": "j1",
+        "GAUDI_CLUSTER_PROGRESS_DIR": "/run/gaudi-cluster/jobs/j1",
+        "GC_KERNEL_PATH": "/usr/lib/habanalabs/libtpc_kernels.so",
+        "HABANA_LOGS": "/var/log/habana_logs/",
+        "HCCL_COMM_ID": "10.0.0.1:9696",
+        "HF_HOME": "/data/hf",
+        "LD_LIBRARY_PATH": "/usr/lib/habanalabs:/opt/x",
+        "NCCL_SOCKET_IFNAME": "eth1",
+        "OMP_NUM_THREADS": "4",
+        "PATH": "/usr/local/bin:/usr/bin",
+        "PT_HPU_LAZY_MODE": "1",
+        "PYTHONPATH": "/opt/gaudi-cluster/app",
+        "RDMAV_FORK_SAFE": "1",
+        "TORCH_EXTENSIONS_DIR": "/opt/torch-extensions",
+    }
+    assert [name for name, _ in ef.items] == sorted(name for name, _ in ef.items)
+    dropped = dict(ef.dropped)
+    assert set(dropped) == {"HF_TOKEN", "HF_API_KEY", "HCCL_WEIRD"}
+    assert "'$'" in dropped["HCCL_WEIRD"]
+
+
+@pytest.mark.parametrize(
+    ("name", "forwarded"),
+    [
+        ("HCCL_OVER_OFI", True),
+        ("GLOO_SOCKET_IFNAME", True),
+        ("HABANA_VISIBLE_MODULES", False),
+        ("HABANA_VISIBLE_DEVICES", False),
+        ("MASTER_ADDR", False),
+        ("NV_CUDA_VISIBLE_DEVICES", False),
+        ("BASH_FUNC_foo%%", False),
+        ("HOME", False),
+        ("GAUDI_CLUSTER_SSH_DIR", False),
+        ("GC_FOO", True),
+        ("LOG_LEVEL_ALL", True),
+    ],
+)
+def test_is_forwarded(name, forwarded):
+    assert is_forwarded(name) is forwarded
+
+
+def test_preset_efa():
+    ef = build_env_file({"LD_LIBRARY_PATH": "/opt/amazon/efa/lib:/usr/local/lib::"}, "efa", {}, "ens32")
+    assert ef.as_dict() == {
+        "FI_EFA_USE_DEVICE_RDMA": "1",
+        "HCCL_OVER_OFI": "1",
+        "HCCL_SOCKET_IFNAME": "ens32",
+        "LD_LIBRARY_PATH": "/usr/lib/habanalabs:/opt/amazon/openmpi/lib:/opt/amazon/efa/lib:/usr/local/lib",
+        "RDMAV_FORK_SAFE": "1",
+    }
+
+
+def test_preset_efa_without_existing_path_or_ifname():
+    assert PRESETS["efa"]({}, None) == {
+        "HCCL_OVER_OFI": "1",
+        "LD_LIBRARY_PATH": "/usr/lib/habanalabs:/opt/amazon/openmpi/lib:/opt/amazon/efa/lib",
+        "FI_EFA_USE_DEVICE_RDMA": "1",
+        "RDMAV_FORK_SAFE": "1",
+    }
+
+
+def test_preset_gaudinic_defaults_and_environ_wins():
+    assert build_env_file({}, "gaudinic", {}, "eth0").as_dict() == {
+        **GAUDINIC_DEFAULTS,
+        "HCCL_SOCKET_IFNAME": "eth0",
+    }
+    custom = PRESETS["gaudinic"]({"GC_KERNEL_PATH": "/custom/libtpc.so"}, None)
+    assert custom["GC_KERNEL_PATH"] == "/custom/libtpc.so"
+    assert custom["HABANA_SCAL_BIN_PATH"] == "/opt/habanalabs/engines_fw"
+    assert "HCCL_SOCKET_IFNAME" not in custom
+
+
+def test_preset_cpu_and_none():
+    assert build_env_file({}, "cpu", {}, "eth0").as_dict() == {
+        "DS_ACCELERATOR": "cpu",
+        "GLOO_SOCKET_IFNAME": "eth0",
+    }
+    assert build_env_file({}, "cpu", {}, None).as_dict() == {"DS_ACCELERATOR": "cpu"}
+    assert build_env_file({}, "none", {}, "eth0").as_dict() == {}
+
+
+def test_order_environ_then_preset_then_extra():
+    ef = build_env_file({"DS_ACCELERATOR": "hpu"}, "cpu", {"DS_ACCELERATOR": "cuda", "FOO": "1"}, None)
+    assert ef.items == (("DS_ACCELERATOR", "cuda"), ("FOO", "1"))
+
+
+@pytest.mark.parametrize(
+    ("preset", "extra", "match"),
+    [
+        pytest.param("bogus", {}, "GAUDI_CLUSTER_ENV_PRESET='bogus'", id="unknown-preset"),
+        pytest.param("none", {"HF_TOKEN": "x"}, "HF_TOKEN looks like a secret", id="explicit-secret"),
+        pytest.param("none", {"MY_PASSWORD": "x"}, "MY_PASSWORD", id="password"),
+        pytest.param("none", {"MASTER_ADDR": "x"}, "set by the launcher", id="launcher-owned"),
+        pytest.param("none", {"X": "a\nb"}, "value of X contains a newline", id="newline"),
+        pytest.param("none", {"X": 'a"b'}, "double quote", id="quote"),
+        pytest.param("none", {"X": "a%nb"}, "'%'", id="percent"),
+        pytest.param("none", {"1X": "a"}, "'1X' is not a valid variable name", id="bad-name"),
+    ],
+)
+def test_build_errors(preset, extra, match):
+    with pytest.raises(ConfigError, match=match) as exc:
+        build_env_file({}, preset, extra, None)
+    assert "fix:" in str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        ("/usr/lib:/opt/lib", True),
+        ("a b c", True),
+        ("it's", True),
+        ("", True),
+        ("x=y,z@w+1", True),
+        ("a$HOME", False),
+        ("a`id`", False),
+        ("a\\b", False),
+        ('"q"', False),
+        ("50%", False),
+        ("a\x00", False),
+        (" lead", False),
+        ("trail ", False),
+        ("a\rb", False),
+        ("a\x1bb", False),
+        ("a\tb", True),
+    ],
+)
+def test_value_problem(value, ok):
+    assert (value_problem(value) is None) is ok
+
+
+def test_render_golden():
+    ef = EnvFile((("A", "1"), ("B", "x y"), ("C", "")))
+    assert render_env_file(ef) == "A=1\nB=x y\nC=\n"
+    assert render_env_file(EnvFile(())) == ""
+
+
+@pytest.mark.parametrize(
+    ("items", "match"),
+    [
+        pytest.param((("A", "x$y"),), "value of A", id="dollar"),
+        pytest.param((("A-B", "1"),), "'A-B'", id="bad-name"),
+        pytest.param((("X_TOKEN", "1"),), "X_TOKEN", id="secret"),
+    ],
+)
+def test_render_rejects(items, match):
+    with pytest.raises(ConfigError, match=match):
+        render_env_file(EnvFile(items))
+
+
+def test_parse_tolerates_comments_and_blanks():
+    text = "# comment\n\nA=1\n  B = two words  \nC=x=y\n"
+    assert parse_env_file(text).items == (("A", "1"), ("B", "two words"), ("C", "x=y"))
+
+
+@pytest.mark.parametrize(
+    ("text", "culprit"),
+    [
+        pytest.param("A=1\nNOEQUALS\n", "my.env:2", id="no-equals"),
+        pytest.param("1A=1\n", "my.env:1", id="bad-name"),
+        pytest.param("export A=1\n", "my.env:1", id="export"),
+        pytest.param('A="quoted"\n', "my.env:1", id="quoted"),
+        pytest.param("HF_TOKEN=x\n", "my.env:1", id="secret"),
+    ],
+)
+def test_parse_errors(text, culprit):
+    with pytest.raises(ConfigError) as exc:
+        parse_env_file(text, "my.env")
+    assert str(exc.value).startswith(culprit + ":")
+    assert "fix:" in str(exc.value)
+
+
+_names = st.from_regex(r"[A-Z_][A-Z0-9_]{0,12}", fullmatch=True).filter(lambda n: value_problem(n) is None)
+_values = st.text(
+    alphabet=st.characters(blacklist_characters='"\\$`%', blacklist_categories=("Cs", "Cc")), max_size=30
+).map(str.strip)
+
+
+@given(
+    st.dictionaries(_names.filter(lambda n: not any(s in n for s in ("KEY", "TOKEN"))), _values, max_size=8)
+)
+def test_round_trip(values):
+    values = {
+        k: v for k, v in values.items() if "SECRET" not in k and "PASSW" not in k and "CREDENTIAL" not in k
+    }
+    ef = EnvFile(tuple(sorted(values.items())))
+    assert parse_env_file(render_env_file(ef)) == ef
+
+
+def test_values_survive_deepspeed_pdsh_and_remote_shell(tmp_path):
+    values = {
+        "SPACES": "a  b c",
+        "SINGLE": "it's",
+        "BANG": "hi!",
+        "PATHS": "/usr/lib/habanalabs:/opt/amazon/efa/lib",
+        "EMPTY": "",
+        "SEMI": "a;b&c|d",
+        "GLOB": "*.py",
+        "PAREN": "(x) <y>",
+        "UNICODE": "café",
+        "EQ": "k=v",
+    }
+    text = render_env_file(EnvFile(tuple(sorted(values.items()))))
+    exports = ds_exports_from_env_file(text)
+    line = "".join(f"export {k}={v}; " for k, v in exports.items())
+    printer = make_printer(tmp_path)
+    env = run_remote([line, printer], "h", 0, tmp_path)["env"]
+    assert {k: env.get(k) for k in values} == values
+
+
+def test_default_socket_ifname():
+    assert default_socket_ifname(["lo", "docker0", "eth0", "ens5"]) == "eth0"
+    assert default_socket_ifname(["lo", "docker0"]) is None
+    assert default_socket_ifname(["ens32", "eth0"]) == "ens32"
+
+
+def test_extra_env_from_spec_and_flags():
+    assert extra_env_from_spec("A=1; B = x=y ;;C=") == {"A": "1", "B": "x=y", "C": ""}
+    assert extra_env_from_spec("") == {}
+    assert extra_env_from_flags(["A=1;2", "B=c d"]) == {"A": "1;2", "B": "c d"}
+
+
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [("A=1;B", "GAUDI_CLUSTER_ENV: 'B' has no '='"), ("1A=2", "GAUDI_CLUSTER_ENV: '1A'")],
+)
+def test_extra_env_errors(spec, match):
+    with pytest.raises(ConfigError, match=match) as exc:
+        extra_env_from_spec(spec)
+    assert "fix:" in str(exc.value)
+    with pytest.raises(ConfigError, match="--env"):
+        extra_env_from_flags([spec.split(";")[-1]])

@@ -1,0 +1,335 @@
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+
+import pytest
+from gaudi_cluster.errors import ConfigError
+from gaudi_cluster.hostfile import HostEntry, Hostfile
+from gaudi_cluster.plan import (
+    LaunchPlan,
+    deepspeed_plan,
+    mpirun_plan,
+    quote_for_pdsh,
+    rank_command,
+    render_shell,
+    torchrun_plan,
+)
+
+from tests.unit import ds_reference as ds
+
+PY = "/opt/venv/bin/python"
+PROGRAM = [PY, "-u", "/opt/gaudi-cluster/app/train/run_clm.py", "--flag", "value with space"]
+HARD_ARGS = [
+    "value with space",
+    "it's",
+    'say "hi"',
+    "$HOME",
+    "cost $5 and `id`",
+    "back\\slash",
+    "trailing\\",
+    "a\\ b",
+    "%n %h %u %% 100%",
+    "50%",
+    "",
+    " ",
+    "tab\there",
+    "semi;colon && echo pwned",
+    "*.json",
+    "~/x",
+    "multi\nline text",
+    "--lr=4e-04",
+    "{a,b}",
+    "!history",
+    "(paren)",
+    "new\nline",
+    "café ✓",
+    "-",
+    "--",
+]
+
+
+def ds_kwargs(**over):
+    base = dict(
+        hostfile_path="/run/gaudi-cluster/jobs/j1/hostfile",
+        master_addr="10.0.0.1",
+        master_port=29500,
+        ssh_port=3022,
+        env_file_path="/run/gaudi-cluster/jobs/j1/deepspeed_env",
+        program=PROGRAM,
+        python=PY,
+        ssh_config_path="/run/gaudi-cluster/jobs/j1/ssh_config",
+        job_id="j1",
+        control="10.0.0.1:29400",
+    )
+    base.update(over)
+    return base
+
+
+def test_rank_command_golden():
+    assert rank_command("j1", "10.0.0.1:29400", ["prog", "a"], PY) == [
+        PY, "-u", "-m", "gaudi_cluster.rank",
+        "--job-id", "j1", "--control", "10.0.0.1:29400", "--", "prog", "a",
+    ]  # fmt: skip
+    assert rank_command("j1", None, ["prog"], PY) == [
+        PY,
+        "-u",
+        "-m",
+        "gaudi_cluster.rank",
+        "--job-id",
+        "j1",
+        "--",
+        "prog",
+    ]
+
+
+def test_rank_command_needs_program():
+    with pytest.raises(ConfigError, match="no program"):
+        rank_command("j1", None, [], PY)
+
+
+def test_deepspeed_plan_golden():
+    plan = deepspeed_plan(**ds_kwargs())
+    assert plan.launcher == "deepspeed"
+    assert plan.argv == (
+        PY, "-m", "deepspeed.launcher.runner",
+        "--hostfile", "/run/gaudi-cluster/jobs/j1/hostfile",
+        "--master_addr", "10.0.0.1", "--master_port", "29500", "--ssh_port", "3022",
+        "--no_ssh_check", "--no_local_rank", "--force_multi", "--module", "gaudi_cluster.rank",
+        "--job-id", "j1", "--control", "10.0.0.1:29400", "--",
+        PY, "-u", "/opt/gaudi-cluster/app/train/run_clm.py", "--flag", "value with space",
+    )  # fmt: skip
+    assert dict(plan.env) == {
+        "DS_ENV_FILE": "/run/gaudi-cluster/jobs/j1/deepspeed_env",
+        "PDSH_SSH_ARGS_APPEND": "-F /run/gaudi-cluster/jobs/j1/ssh_config",
+    }
+
+
+def test_deepspeed_plan_without_ssh_config_or_control():
+    plan = deepspeed_plan(**ds_kwargs(ssh_config_path=None, control=None, program=["p"]))
+    assert dict(plan.env) == {"DS_ENV_FILE": "/run/gaudi-cluster/jobs/j1/deepspeed_env"}
+    assert plan.argv[-5:] == ("gaudi_cluster.rank", "--job-id", "j1", "--", "p")
+
+
+def test_deepspeed_plan_no_agent_uses_no_python():
+    plan = deepspeed_plan(**ds_kwargs(module_agent=False, program=["/bin/echo", "a b"]))
+    assert plan.argv[-4:] == ("--force_multi", "--no_python", "/bin/echo", "a b")
+    assert "--module" not in plan.argv
+
+
+@pytest.mark.parametrize(
+    ("over", "match"),
+    [
+        pytest.param({"env_file_path": "deepspeed_env"}, "relative", id="relative-env-file"),
+        pytest.param({"env_file_path": "/a b/env"}, "whitespace", id="env-file-space"),
+        pytest.param({"ssh_config_path": "/a b/cfg"}, "whitespace", id="ssh-config-space"),
+        pytest.param({"program": []}, "no program", id="no-program"),
+    ],
+)
+def test_deepspeed_plan_errors(over, match):
+    with pytest.raises(ConfigError, match=match) as exc:
+        deepspeed_plan(**ds_kwargs(**over))
+    assert "fix:" in str(exc.value)
+
+
+def test_ds_env_file_absolute_path_wins_over_search_dirs():
+    # runner.py: os.path.join(dir, DS_ENV_FILE) for dir in [~, '.']
+    path = "/run/gaudi-cluster/jobs/j1/deepspeed_env"
+    assert {os.path.join(d, path) for d in (os.path.expanduser("~"), ".")} == {path}
+    runner = ds.deepspeed_launcher_file("runner.py")
+    if runner is not None:
+        src = runner.read_text()
+        assert 'os.getenv("DS_ENV_FILE", ".deepspeed_env")' in src
+        assert "os.path.join(environ_path, DEEPSPEED_ENVIRONMENT_NAME)" in src
+
+
+def _ds_runner_parser() -> argparse.ArgumentParser:
+    """The shape of DeepSpeed's runner/launch parsers: flags, a script, then REMAINDER."""
+    p = argparse.ArgumentParser()
+    for flag in ("--hostfile", "--master_addr", "--master_port", "--ssh_port"):
+        p.add_argument(flag)
+    for flag in ("--no_ssh_check", "--no_local_rank", "--force_multi", "--module", "--no_python"):
+        p.add_argument(flag, action="store_true")
+    p.add_argument("user_script")
+    p.add_argument("user_args", nargs=argparse.REMAINDER)
+    return p
+
+
+def test_runner_argparse_keeps_agent_args_and_double_dash():
+    plan = deepspeed_plan(**ds_kwargs(program=["p", "--", "--help", "-h"]))
+    ns = _ds_runner_parser().parse_args(list(plan.argv[3:]))
+    assert ns.module and ns.force_multi and ns.no_local_rank
+    assert ns.user_script == "gaudi_cluster.rank"
+    assert ns.user_args == ["--job-id", "j1", "--control", "10.0.0.1:29400", "--", "p", "--", "--help", "-h"]
+
+
+def test_quote_for_pdsh_each_arg_survives(tmp_path):
+    printer = ds.make_printer(tmp_path)
+    cmd = [printer, *ds.ds_parse_user_args([quote_for_pdsh(a) for a in HARD_ARGS])]
+    assert ds.run_remote(cmd, "node-1", 3, tmp_path)["argv"] == HARD_ARGS
+
+
+def test_naive_args_would_be_mangled(tmp_path):
+    # Guards the test itself: without quote_for_pdsh these arguments do not survive.
+    printer = ds.make_printer(tmp_path)
+    naive = ["$HOME", "50%n"]
+    cmd = [printer, *ds.ds_parse_user_args(naive)]
+    assert ds.run_remote(cmd, "node-1", 3, tmp_path)["argv"] != naive
+
+
+def test_program_arrives_verbatim_through_deepspeed_pdsh_and_shell(tmp_path):
+    """The full remote line DeepSpeed's PDSH runner builds, run by bash as sshd would."""
+    program = [PY, "-u", "/opt/gaudi-cluster/app/train/run_clm.py", *HARD_ARGS]
+    plan = deepspeed_plan(**ds_kwargs(program=program))
+    printer = ds.make_printer(tmp_path)
+    args = ds.pdsh_command_args(
+        exports={"A": '"x y"'}, cwd=str(tmp_path), python=printer, runner_argv=plan.argv
+    )
+    out = ds.run_remote(args, "node-1", 1, tmp_path)
+    assert out["env"]["A"] == "x y"
+    assert out["cwd"] == str(tmp_path)
+    argv = out["argv"]
+    assert argv[:5] == ["-u", "-m", "deepspeed.launcher.launch", "--world_info=e30=", "--node_rank=1"]
+    tail = argv[argv.index("--no_local_rank") + 1 :]
+    assert tail == rank_command("j1", "10.0.0.1:29400", program, PY)[3:]
+
+
+@pytest.mark.skipif(not ds.pdsh_available(), reason="pdsh not installed")
+def test_program_arrives_verbatim_through_real_pdsh(tmp_path):
+    program = ["/x/run_clm.py", *HARD_ARGS]
+    plan = deepspeed_plan(**ds_kwargs(program=program))
+    printer = ds.make_printer(tmp_path)
+    # DeepSpeed always exports at least PYTHONPATH (pdsh with an empty first word runs nothing).
+    args = ds.pdsh_command_args(
+        exports={"PYTHONPATH": "/x"}, cwd=str(tmp_path), python=printer, runner_argv=plan.argv
+    )
+    bindir = ds.make_fake_ssh(tmp_path)
+    env = {
+        **os.environ,
+        "PATH": f"{bindir}:{os.environ['PATH']}",
+        "PDSH_RCMD_TYPE": "ssh",
+        "FAKE_SSH_HOST": "node-7",
+        "PDSH_SSH_ARGS_APPEND": "-p 3022",
+    }
+    done = subprocess.run(
+        ["pdsh", "-S", "-w", "node-7", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    # pdsh prefixes every output line with "host: "; the JSON is on one line.
+    argv = json.loads(done.stdout.split(": ", 1)[1])["argv"]
+    assert argv[argv.index("--node_rank=0")] == "--node_rank=0"
+    assert argv[argv.index("--no_local_rank") + 1 :] == rank_command("j1", "10.0.0.1:29400", program, PY)[3:]
+
+
+def test_quoting_matches_installed_deepspeed_or_model():
+    # The rule quote_for_pdsh relies on: only arguments containing a space are re-quoted.
+    assert ds.ds_parse_user_args(["a b", "c", 'd "e"']) == ['"a b"', "c", '"d \\"e\\""']
+
+
+def hostfile2() -> Hostfile:
+    return Hostfile((HostEntry("10.0.0.1", 2), HostEntry("10.0.0.2", 2)))
+
+
+def mpi_kwargs(**over):
+    base = dict(
+        hostfile=hostfile2(),
+        master_addr="10.0.0.1",
+        master_port=29500,
+        ssh_port=3022,
+        ssh_config_path="/j/ssh_config",
+        env={"HCCL_OVER_OFI": "1", "A": "x y", "MASTER_ADDR": "ignored"},
+        program=["prog", "a b"],
+        python=PY,
+        job_id="j1",
+        control="10.0.0.1:29400",
+        mpi_root=None,
+        openmpi_major=4,
+    )
+    base.update(over)
+    return base
+
+
+RANK_TAIL = (
+    PY,
+    "-u",
+    "-m",
+    "gaudi_cluster.rank",
+    "--job-id",
+    "j1",
+    "--control",
+    "10.0.0.1:29400",
+    "--",
+    "prog",
+    "a b",
+)
+
+
+def test_mpirun_plan_openmpi4_golden():
+    plan = mpirun_plan(**mpi_kwargs(mpi_root="/usr/local/openmpi", socket_ifname="eth0"))
+    assert plan.launcher == "mpirun"
+    assert dict(plan.env) == {}
+    assert plan.argv == (
+        "mpirun", "--allow-run-as-root", "--prefix", "/usr/local/openmpi",
+        "-n", "4", "-H", "10.0.0.1:2,10.0.0.2:2", "--bind-to", "none",
+        "--mca", "plm_rsh_args", "-p 3022 -F /j/ssh_config", "--mca", "btl", "^openib",
+        "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
+        "-x", "A=x y", "-x", "HCCL_OVER_OFI=1", "-x", "MASTER_ADDR=10.0.0.1", "-x", "MASTER_PORT=29500",
+        *RANK_TAIL,
+    )  # fmt: skip
+
+
+def test_mpirun_plan_openmpi5_golden():
+    plan = mpirun_plan(**mpi_kwargs(openmpi_major=5, ssh_config_path=None, env={}, socket_ifname="ens5"))
+    assert plan.argv == (
+        "mpirun", "--allow-run-as-root",
+        "-n", "4", "-H", "10.0.0.1:2,10.0.0.2:2", "--bind-to", "none",
+        "--prtemca", "plm_ssh_args", "-p 3022",
+        "--mca", "btl_tcp_if_include", "ens5", "--prtemca", "oob_tcp_if_include", "ens5",
+        "-x", "MASTER_ADDR=10.0.0.1", "-x", "MASTER_PORT=29500",
+        *RANK_TAIL,
+    )  # fmt: skip
+
+
+def test_mpirun_plan_rejects_unknown_openmpi():
+    with pytest.raises(ConfigError, match=r"OpenMPI 3.*fix:"):
+        mpirun_plan(**mpi_kwargs(openmpi_major=3))
+
+
+def test_torchrun_plan_golden():
+    plan = torchrun_plan(
+        nproc_per_node=8,
+        master_port=29501,
+        program=["prog", "a b"],
+        python=PY,
+        job_id="j1",
+        control="10.0.0.1:29400",
+    )
+    assert plan.launcher == "torchrun"
+    assert plan.argv == (
+        PY, "-m", "torch.distributed.run", "--nnodes", "1", "--node_rank", "0", "--nproc_per_node", "8",
+        "--master_addr", "127.0.0.1", "--master_port", "29501",
+        "--module", "gaudi_cluster.rank",
+        "--job-id", "j1", "--control", "10.0.0.1:29400", "--", "prog", "a b",
+    )  # fmt: skip
+    with pytest.raises(ConfigError):
+        torchrun_plan(nproc_per_node=0, master_port=1, program=["p"], python=PY, job_id="j", control=None)
+
+
+def test_render_shell_round_trips_through_sh():
+    plan = LaunchPlan(("prog", "a b", "it's", "$X"), {"B": "2 3", "A": "1"}, "x")
+    line = render_shell(plan)
+    assert line == "A=1 B='2 3' prog 'a b' 'it'\"'\"'s' '$X'"
+    assert render_shell(LaunchPlan(("p",), {}, "x")) == "p"
+
+
+def test_launch_plan_env_is_read_only():
+    plan = LaunchPlan(("p",), {"A": "1"}, "x")
+    with pytest.raises(TypeError):
+        plan.env["B"] = "2"  # type: ignore[index]
