@@ -78,6 +78,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args_list[:1] == ["spawn"]:
         # gaudi_spawn.py's flags pass through untouched (argparse cannot nest them).
         return _spawn(args_list[1:])
+    if args_list[:1] == ["probe"]:
+        from gaudi_cluster import probe
+
+        return probe.main(args_list[1:])
     parser = _parser()
     args = parser.parse_args(args_list)
     _configure_logging(args.verbose)
@@ -92,10 +96,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    if args.command == "probe":
-        from gaudi_cluster import probe
-
-        return probe.main(args.probe_args)
     if args.command == "reap":
         from gaudi_cluster.reap import reap_job
 
