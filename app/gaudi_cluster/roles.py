@@ -183,7 +183,9 @@ def survey_nodes(
             return found if lists_every_node else [p for p in found if p.host not in self_names]
 
         expected = config.nodes if lists_every_node else (config.nodes - 1 if config.nodes else None)
-        peers = discovery.wait_for_peers(discover, expected, max(0.0, deadline - time.monotonic()))
+        peers = discovery.wait_for_peers(
+            discover, expected, max(0.0, deadline - time.monotonic()), source=discovery.describe_source(spec)
+        )
     elif config.nodes and config.nodes > 1:
         raise ConfigError(
             f"--nodes {config.nodes} but no peer source; fix: set --peers, --peers-dns or --hostfile "
