@@ -63,7 +63,7 @@ image-cpu: base-image wheelhouse ## build the cpu flavor (offline)
 
 image: ## build the gaudi flavor (needs vault.habana.ai and the internet)
 	source image/versions.env && docker build -t $(IMAGE_GAUDI) -t $(IMAGE_NAME):$(VERSION)-gaudi-$(GIT_REV) \
-	  --build-arg FLAVOR=gaudi --build-arg BASE_IMAGE="$$GAUDI_BASE_IMAGE" \
+	  --build-arg FLAVOR=gaudi --build-arg DS_ACCELERATOR=hpu --build-arg BASE_IMAGE="$$GAUDI_BASE_IMAGE" \
 	  --build-arg VERSION=$(VERSION) --build-arg GIT_REV=$(GIT_REV) .
 
 keys: ## make the cluster's ssh keypair in .keys/ (git-ignored, 0600)

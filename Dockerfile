@@ -1,0 +1,88 @@
+# gaudi-cluster node image: one image for every node (master and workers), two flavors.
+#
+#   cpu    make image-cpu   Debian 12 + Debian's OpenMPI + a venv of requirements/cpu-image.txt installed
+#                           offline from build/wheelhouse (make wheelhouse). Builds anywhere, no registry.
+#   gaudi  make image       Habana pytorch-installer base (image/versions.env) + EFA, libfabric,
+#                           hccl_ofi_wrapper, Habana's DeepSpeed fork and optimum-habana. Needs the internet.
+#
+#   docker build -t gaudi-cluster:cpu --build-arg FLAVOR=cpu --build-arg BASE_IMAGE=gaudi-cluster/debian:bookworm .
+#   (gaudi: --build-arg FLAVOR=gaudi --build-arg DS_ACCELERATOR=hpu --build-arg BASE_IMAGE="$GAUDI_BASE_IMAGE")
+#
+# Every stage derives from the one BASE_IMAGE, so the classic builder never needs another image.
+# Layers go from rarely to often changed: OS packages, Python packages, prebuilt ops, then the
+# entrypoint and the project code (app/) last, so editing app/ rebuilds in seconds.
+
+ARG BASE_IMAGE=gaudi-cluster/debian:bookworm
+
+# ---- system: OS packages per flavor (no ssh host keys, no private keys) -----------------------------
+FROM ${BASE_IMAGE} AS system
+ARG FLAVOR=cpu
+ARG DS_ACCELERATOR=cpu
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+COPY image/versions.env image/install-system.sh image/build-hccl-ofi-wrapper.sh /opt/gaudi-cluster/image/
+RUN bash /opt/gaudi-cluster/image/install-system.sh "${FLAVOR}"
+
+# ---- python: the cpu venv, made offline from the wheelhouse (which stays out of the final image) -----
+FROM system AS python
+ARG FLAVOR=cpu
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# The glob makes a missing build/wheelhouse reach check-wheelhouse.sh, which says how to fix it.
+COPY requirements/cpu-image.txt build/wheelhous[e] /tmp/wheelhouse/
+COPY image/check-wheelhouse.sh image/install-python.sh requirements/cpu-image.txt /opt/gaudi-cluster/image/
+RUN bash /opt/gaudi-cluster/image/install-python.sh venv
+
+# ---- final ------------------------------------------------------------------------------------------
+FROM system
+ARG FLAVOR=cpu
+ARG DS_ACCELERATOR=cpu
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+ENV PATH=/opt/venv/bin:${PATH} \
+    TORCH_EXTENSIONS_DIR=/opt/torch-extensions \
+    DS_ACCELERATOR=${DS_ACCELERATOR} \
+    GAUDI_CLUSTER_FLAVOR=${FLAVOR} \
+    PYTHONDONTWRITEBYTECODE=1
+COPY --from=python /opt/venv /opt/venv
+COPY image/install-python.sh image/versions.env /opt/gaudi-cluster/image/
+# runtime: .pth (app on sys.path), launchers; gaudi: DeepSpeed fork + optimum-habana.
+# ops (cpu): DeepSpeed's shm comm op, compiled once here instead of by every rank at run time.
+RUN bash /opt/gaudi-cluster/image/install-python.sh runtime \
+    && bash /opt/gaudi-cluster/image/install-python.sh ops
+
+WORKDIR /workspace
+EXPOSE 3022
+# SIGTERM reaches tini, which forwards it to sshd (worker) or the control plane (master); the master
+# stops the job on every node and exits 143. Give it time: docker stop -t 30 / stop_grace_period.
+STOPSIGNAL SIGTERM
+HEALTHCHECK --interval=2s --timeout=3s --start-period=10s --retries=3 \
+    CMD ["/opt/gaudi-cluster/entrypoint/healthcheck.sh"]
+# tini is PID 1 (reaps, forwards signals); no -g: the master manages its own process groups.
+ENTRYPOINT ["/usr/bin/tini", "--", "/opt/gaudi-cluster/entrypoint/entrypoint.sh"]
+# No default arguments: the role comes from GAUDI_CLUSTER_ROLE (default worker), so `docker run IMAGE`
+# is a worker, `-e GAUDI_CLUSTER_ROLE=master` or `IMAGE master JOB...` the master, `IMAGE --help` the CLI.
+CMD []
+
+COPY entrypoint/ /opt/gaudi-cluster/entrypoint/
+# The bundled workload first, then its default data (deterministic), then the rest of the code: editing
+# the control plane does not regenerate the data.
+COPY app/train/ /opt/gaudi-cluster/app/train/
+# ALLOW_MISSING_DATA=1 builds an image without the embedded data when app/train/data.py does not exist yet.
+ARG ALLOW_MISSING_DATA=0
+RUN if [ -f /opt/gaudi-cluster/app/train/data.py ]; then \
+        python -m train.data --out /opt/gaudi-cluster/data; \
+    elif [ "${ALLOW_MISSING_DATA}" = 1 ]; then \
+        echo "note: app/train/data.py is absent; no embedded data (ALLOW_MISSING_DATA=1)"; \
+    else \
+        echo "error: app/train/data.py is absent, so the default data cannot be made; fix: add it, or build with --build-arg ALLOW_MISSING_DATA=1" >&2; \
+        exit 1; \
+    fi
+COPY app/ /opt/gaudi-cluster/app/
+
+ARG VERSION=dev
+ARG GIT_REV=unknown
+ARG SOURCE_URL=""
+LABEL org.opencontainers.image.title="gaudi-cluster" \
+      org.opencontainers.image.description="Multi-node DeepSpeed training node (${FLAVOR} flavor): sshd, launchers, control plane" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${GIT_REV}" \
+      org.opencontainers.image.source="${SOURCE_URL}" \
+      io.gaudi-cluster.flavor="${FLAVOR}"

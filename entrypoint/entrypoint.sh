@@ -1,0 +1,229 @@
+#!/usr/bin/env bash
+# gaudi-cluster container entrypoint (run by tini as PID 1's only child).
+#
+#   entrypoint.sh                   role from GAUDI_CLUSTER_ROLE (default: worker)
+#   entrypoint.sh worker            host keys, authorized_keys, then sshd in the foreground
+#   entrypoint.sh master [JOB...]   same + the client key, sshd in the background, then
+#                                   `gaudi-cluster master JOB...` (the control plane)
+#   entrypoint.sh --flag ...        `gaudi-cluster --flag ...` (e.g. --help)
+#   entrypoint.sh CMD [ARGS...]     CMD passes through (docker run IMAGE bash -c 'echo ok')
+#
+# Reads: GAUDI_CLUSTER_ROLE (master | worker), GAUDI_CLUSTER_SSH_PORT (default 3022),
+#        GAUDI_CLUSTER_SSH_DIR (default /run/secrets/gaudi-cluster: id_ed25519.pub, and id_ed25519
+#        on the master, optional on workers).
+# Bad input (unknown role, missing or unsafe key, bad port): one line naming the culprit and the fix
+# on stderr, exit 2, nothing started. Every branch ends in exec.
+# Sourceable: `source entrypoint.sh` defines the functions and runs nothing.
+set -Eeuo pipefail
+
+readonly EP_ROLES="master worker"
+readonly EP_DEFAULT_PORT=3022
+readonly EP_DEFAULT_SSH_DIR=/run/secrets/gaudi-cluster
+readonly EP_KEY_NAME=id_ed25519
+EP_ROOT_SSH="${EP_ROOT_SSH:-/root/.ssh}"
+EP_ETC_SSH="${EP_ETC_SSH:-/etc/ssh}"
+readonly EP_SSHD_LOG=/var/log/gaudi-cluster/sshd.log
+# Image environment handed to ssh sessions (sshd SetEnv), so that commands run over ssh see the same
+# interpreter, libraries and prebuilt extensions as the container itself.
+readonly EP_SESSION_ENV="PATH LD_LIBRARY_PATH LD_PRELOAD PYTHONPATH TORCH_EXTENSIONS_DIR DS_ACCELERATOR
+MPI_ROOT OPAL_PREFIX GC_KERNEL_PATH HABANA_LOGS HABANA_SCAL_BIN_PATH HABANA_PLUGINS_LIB_PATH
+RDMAV_FORK_SAFE FI_EFA_USE_DEVICE_RDMA RDMA_CORE_ROOT RDMA_CORE_LIB TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD"
+
+# --- logging -------------------------------------------------------------------------------------
+
+ep_log() { printf 'gaudi-cluster[entrypoint]: %s\n' "$*" >&2; }
+ep_note() { ep_log "$*"; }
+ep_warn() { ep_log "warning: $*"; }
+# ep_die MESSAGE [CODE]: one line on stderr, then exit CODE (default 2: bad input).
+ep_die() {
+	ep_log "error: $1"
+	exit "${2:-2}"
+}
+
+# --- inputs --------------------------------------------------------------------------------------
+
+# ep_is_role WORD: true when WORD is one of EP_ROLES.
+ep_is_role() {
+	local r
+	for r in $EP_ROLES; do
+		[[ "$1" == "$r" ]] && return 0
+	done
+	return 1
+}
+
+# ep_ssh_dir: the directory of the mounted cluster key.
+ep_ssh_dir() { printf '%s' "${GAUDI_CLUSTER_SSH_DIR:-$EP_DEFAULT_SSH_DIR}"; }
+
+# ep_ssh_port: GAUDI_CLUSTER_SSH_PORT validated (an integer 1-65535), printed without leading zeros.
+ep_ssh_port() {
+	local port="${GAUDI_CLUSTER_SSH_PORT:-$EP_DEFAULT_PORT}"
+	if [[ ! "$port" =~ ^[0-9]{1,5}$ ]] || ((10#$port < 1 || 10#$port > 65535)); then
+		ep_die "GAUDI_CLUSTER_SSH_PORT='$port' is not a TCP port; fix: an integer 1-65535 (default $EP_DEFAULT_PORT)"
+	fi
+	printf '%d' "$((10#$port))"
+}
+
+# ep_file_mode FILE: octal permission bits of FILE (e.g. 600).
+ep_file_mode() { stat -L -c '%a' -- "$1"; }
+
+# ep_check_public_key FILE: FILE holds one ed25519, rsa or ecdsa public key.
+ep_check_public_key() {
+	local file="$1" type rest
+	[[ -s "$file" ]] || ep_die "no cluster key at $file; fix: make keys and mount .keys read-only at $(ep_ssh_dir)"
+	read -r type rest <"$file" || true
+	case "$type" in
+		ssh-ed25519 | ssh-rsa | ecdsa-sha2-nistp256 | ecdsa-sha2-nistp384 | ecdsa-sha2-nistp521) ;;
+		*) ep_die "$file is not an ed25519, rsa or ecdsa public key (starts with '${type:0:20}'); fix: make keys (scripts/make-keys.sh)" ;;
+	esac
+	ssh-keygen -l -f "$file" >/dev/null 2>&1 \
+		|| ep_die "$file is not a valid $type public key; fix: make keys (scripts/make-keys.sh)"
+}
+
+# ep_check_private_key FILE PUBFILE: FILE is readable by its owner only and is the private half of PUBFILE.
+ep_check_private_key() {
+	local file="$1" pub="$2" mode derived
+	[[ -r "$file" ]] || ep_die "$file is not readable; fix: mount the key directory made by 'make keys'"
+	mode="$(ep_file_mode "$file")"
+	if ((8#$mode & 8#077)); then
+		ep_die "$file is readable by others (mode 0$mode); fix: chmod 600 $file (on the host, in .keys/)"
+	fi
+	derived="$(ssh-keygen -y -f "$file" 2>/dev/null)" \
+		|| ep_die "$file is not an unencrypted ssh private key; fix: make keys (scripts/make-keys.sh)"
+	local want_type want_key got_type got_key _
+	read -r want_type want_key _ <"$pub"
+	read -r got_type got_key _ <<<"$derived"
+	[[ "$want_type $want_key" == "$got_type $got_key" ]] \
+		|| ep_die "$file does not match $pub; fix: mount one key pair made by 'make keys'"
+}
+
+# ep_validate_keys ROLE: check the mounted secret up front; the master needs the private key.
+ep_validate_keys() {
+	local role="$1" dir pub key
+	dir="$(ep_ssh_dir)"
+	pub="$dir/$EP_KEY_NAME.pub"
+	key="$dir/$EP_KEY_NAME"
+	[[ -d "$dir" && -e "$pub" ]] \
+		|| ep_die "no cluster key at $pub; fix: make keys and mount .keys read-only at $dir (docker run -v \"\$PWD/.keys:$dir:ro\")"
+	ep_check_public_key "$pub"
+	if [[ -e "$key" ]]; then
+		ep_check_private_key "$key" "$pub"
+	elif [[ "$role" == master ]]; then
+		ep_die "no private key at $key (the master needs it to reach the workers); fix: make keys and mount .keys read-only at $dir"
+	fi
+}
+
+# --- setup ---------------------------------------------------------------------------------------
+
+# ep_install_keys: authorized_keys from the secret, and the client key when the secret has one.
+ep_install_keys() {
+	local dir
+	dir="$(ep_ssh_dir)"
+	install -d -m 0700 "$EP_ROOT_SSH"
+	install -m 0600 "$dir/$EP_KEY_NAME.pub" "$EP_ROOT_SSH/authorized_keys"
+	if [[ -e "$dir/$EP_KEY_NAME" ]]; then
+		install -m 0600 "$dir/$EP_KEY_NAME" "$EP_ROOT_SSH/$EP_KEY_NAME"
+		install -m 0644 "$dir/$EP_KEY_NAME.pub" "$EP_ROOT_SSH/$EP_KEY_NAME.pub"
+	fi
+}
+
+# ep_host_keys: this container's own host keys (never in the image), kept across restarts.
+ep_host_keys() {
+	ssh-keygen -A >/dev/null
+}
+
+# ep_session_env_line: an sshd `SetEnv` line with the EP_SESSION_ENV variables that are set.
+ep_session_env_line() {
+	local name value line="SetEnv"
+	for name in $EP_SESSION_ENV; do
+		[[ -n "${!name-}" ]] || continue
+		value="${!name}"
+		if [[ "$value" == *[\"\\]* ]]; then
+			ep_warn "$name holds a quote or backslash; not passed to ssh sessions"
+			continue
+		fi
+		line+=" \"$name=$value\""
+	done
+	[[ "$line" == SetEnv ]] || printf '%s\n' "$line"
+}
+
+# ep_ssh_runtime_config PORT: drop-ins that depend on the run: the session environment (sshd) and the
+# client's default port when it is not the image's.
+ep_ssh_runtime_config() {
+	local port="$1" client="$EP_ETC_SSH/ssh_config.d/10-gaudi-cluster-port.conf"
+	mkdir -p "$EP_ETC_SSH/sshd_config.d" "$EP_ETC_SSH/ssh_config.d"
+	ep_session_env_line >"$EP_ETC_SSH/sshd_config.d/10-gaudi-cluster-env.conf"
+	if ((port != EP_DEFAULT_PORT)); then
+		printf 'Host *\n    Port %d\n' "$port" >"$client"
+	else
+		rm -f "$client"
+	fi
+}
+
+# ep_prepare ROLE PORT: everything both roles need before sshd starts.
+ep_prepare() {
+	local role="$1" port="$2"
+	ep_validate_keys "$role"
+	ep_install_keys
+	ep_host_keys
+	ep_ssh_runtime_config "$port"
+	mkdir -p /run/sshd /run/gaudi-cluster/jobs "${EP_SSHD_LOG%/*}"
+	rm -f /run/gaudi-cluster/healthcheck-banner-*
+	chmod 0755 /run/sshd
+	/usr/sbin/sshd -t -p "$port" || ep_die "sshd rejects its configuration (see above)" 1
+}
+
+# --- roles ---------------------------------------------------------------------------------------
+
+ep_run_worker() {
+	local port
+	(($# == 0)) || ep_die "the worker role takes no arguments (got: $*); fix: pass job arguments to the master"
+	port="$(ep_ssh_port)"
+	ep_prepare worker "$port"
+	ep_note "worker: sshd on port $port (key-only), waiting for the master"
+	exec /usr/sbin/sshd -D -e -p "$port"
+}
+
+ep_run_master() {
+	local port
+	port="$(ep_ssh_port)"
+	ep_prepare master "$port"
+	/usr/sbin/sshd -p "$port" -E "$EP_SSHD_LOG" || ep_die "sshd did not start on port $port; see $EP_SSHD_LOG" 1
+	ep_note "master: sshd on port $port (background, log $EP_SSHD_LOG); starting gaudi-cluster master"
+	exec gaudi-cluster master "$@"
+}
+
+# ep_role_from_env: GAUDI_CLUSTER_ROLE validated (default worker).
+ep_role_from_env() {
+	local role="${GAUDI_CLUSTER_ROLE:-worker}"
+	ep_is_role "$role" \
+		|| ep_die "GAUDI_CLUSTER_ROLE='$role' is not a role; valid roles: ${EP_ROLES// / | }"
+	printf '%s' "$role"
+}
+
+ep_main() {
+	local role
+	if (($# > 0)) && ep_is_role "$1"; then
+		role="$1"
+		shift
+		if [[ -n "${GAUDI_CLUSTER_ROLE:-}" && "${GAUDI_CLUSTER_ROLE}" != "$role" ]]; then
+			ep_role_from_env >/dev/null
+			ep_warn "argument '$role' overrides GAUDI_CLUSTER_ROLE=$GAUDI_CLUSTER_ROLE"
+		fi
+	elif (($# > 0)) && [[ "$1" == -* ]]; then
+		exec gaudi-cluster "$@"
+	elif (($# > 0)); then
+		command -v -- "$1" >/dev/null 2>&1 \
+			|| ep_die "'$1' is neither a role (${EP_ROLES// / | }) nor a command on PATH; fix: docker run IMAGE worker|master [job args] or IMAGE <command>"
+		exec "$@"
+	else
+		role="$(ep_role_from_env)"
+	fi
+	case "$role" in
+		master) ep_run_master "$@" ;;
+		worker) ep_run_worker "$@" ;;
+	esac
+}
+
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+	ep_main "$@"
+fi

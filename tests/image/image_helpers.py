@@ -1,0 +1,127 @@
+"""Helpers shared by the cpu image tests (docker CLI wrappers, polling, the lock)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LOCK = ROOT / "requirements" / "cpu-image.txt"
+SSH_DIR = "/run/secrets/gaudi-cluster"
+SESSION = uuid.uuid4().hex[:8]
+LABEL = f"gaudi-cluster.test={SESSION}"
+
+
+def docker(*args: str, check: bool = True, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
+    """Run the docker CLI; return the completed process (text mode)."""
+    proc = subprocess.run(
+        ["docker", *args], capture_output=True, text=True, timeout=timeout, check=False, **kwargs
+    )
+    if check and proc.returncode != 0:
+        pytest.fail(f"docker {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.2) -> bool:
+    """Poll predicate until it is true or timeout seconds have passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+
+
+def lock_pins() -> dict[str, str]:
+    """The lock's pins, keyed by normalised name."""
+    pins = {}
+    for raw in LOCK.read_text().splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if line:
+            name, version = line.split("==")
+            pins[normalize(name)] = version
+    return pins
+
+
+def normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def health(name: str) -> str:
+    return docker("inspect", "-f", "{{.State.Health.Status}}", name, check=False).stdout.strip()
+
+
+def running(name: str) -> bool:
+    return docker("inspect", "-f", "{{.State.Running}}", name, check=False).stdout.strip() == "true"
+
+
+class Containers:
+    """Starts labelled containers; removes them (and prints their logs on failure) at the end."""
+
+    def __init__(self, image: str, keys: Path) -> None:
+        self.image = image
+        self.keys = keys
+        self.names: list[str] = []
+        self.network = f"gc-test-{SESSION}"
+        docker("network", "create", "--label", LABEL, self.network)
+
+    def run(
+        self,
+        *args: str,
+        role: str | None = "worker",
+        env: dict[str, str] | None = None,
+        keys: Path | bool | None = True,
+        name: str | None = None,
+    ) -> str:
+        """docker run -d IMAGE [role] [args] on the test network; returns the container name."""
+        name = name or f"gc-{SESSION}-{uuid.uuid4().hex[:6]}"
+        cmd = ["run", "-d", "--name", name, "--hostname", name, "--network", self.network, "--label", LABEL]
+        if keys:
+            source = self.keys if keys is True else keys
+            cmd += ["-v", f"{source}:{SSH_DIR}:ro"]
+        for key, value in (env or {}).items():
+            cmd += ["-e", f"{key}={value}"]
+        cmd.append(self.image)
+        if role:
+            cmd.append(role)
+        cmd += list(args)
+        docker(*cmd)
+        self.names.append(name)
+        return name
+
+    def logs(self, name: str) -> str:
+        proc = docker("logs", name, check=False)
+        return proc.stdout + proc.stderr
+
+    def remove_all(self, show_logs: bool) -> None:
+        for name in self.names:
+            if show_logs:
+                print(f"\n----- docker logs {name} -----\n{self.logs(name)}")
+            docker("rm", "-f", "-v", name, check=False)
+        leftovers = docker("ps", "-aq", "--filter", f"label={LABEL}", check=False).stdout.split()
+        if leftovers:
+            docker("rm", "-f", "-v", *leftovers, check=False)
+        docker("network", "rm", self.network, check=False)
+
+
+def run_once(
+    image: str,
+    *args: str,
+    env: dict[str, str] | None = None,
+    mounts: list[str] | None = None,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess:
+    """docker run --rm IMAGE args (foreground), labelled; returns the completed process."""
+    cmd = ["run", "--rm", "--label", LABEL]
+    for key, value in (env or {}).items():
+        cmd += ["-e", f"{key}={value}"]
+    for mount in mounts or []:
+        cmd += ["-v", mount]
+    return docker(*cmd, image, *args, check=False, timeout=timeout)

@@ -1,0 +1,392 @@
+"""Checks of the built cpu image: contents, ssh hardening, entrypoint behaviour, prebuilt ops, layers.
+
+Run with `make test-image` (builds the image first) or `pytest tests/image` against
+GAUDI_CLUSTER_IMAGE (default gaudi-cluster:cpu). Needs a Docker engine; fails without one.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+from image_helpers import SSH_DIR, Containers, docker, health, lock_pins, normalize, run_once, wait_until
+
+pytestmark = pytest.mark.docker
+
+VENV_PY = "/opt/venv/bin/python"
+MAX_IMAGE_BYTES = 2.5e9
+# A PEM/OpenSSH private key block: the header, then base64 lines (binaries only hold the header string).
+PRIVATE_KEY_PEM = re.compile(
+    rb"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----\r?\n(?:[A-Za-z0-9+/=:, -]*\r?\n)*?[A-Za-z0-9+/=]{40,}\r?\n"
+)
+
+
+def ssh_from(client: str, target: str, command: str, port: int | None = None) -> subprocess.CompletedProcess:
+    """ssh from the client container to target (the image's client config: BatchMode, accept-new)."""
+    args = ["exec", client, "ssh", "-o", "ConnectTimeout=2"]
+    if port:
+        args += ["-p", str(port)]
+    return docker(*args, target, command, check=False, timeout=30)
+
+
+# ---- contents ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "/usr/sbin/sshd",
+        "ssh",
+        "mpirun",
+        "pdsh",
+        "fi_info",
+        "ibv_devices",
+        "/usr/bin/tini",
+        "ip",
+        "ps",
+        "g++",
+        VENV_PY,
+        "gaudi-cluster",
+        "gaudi_spawn.py",
+        "deepspeed",
+    ],
+)
+def test_tool_present(host, command):
+    assert host.run("command -v %s", command).rc == 0, f"{command} is not in the image"
+
+
+def test_python_is_311_venv(host):
+    assert host.check_output(f"{VENV_PY} -c 'import sys; print(sys.version_info[:2], sys.prefix)'") == (
+        "(3, 11) /opt/venv"
+    )
+
+
+def test_installed_packages_match_lock(host):
+    """Every pin of requirements/cpu-image.txt is installed at its version, and nothing else (but pip)."""
+    installed = {normalize(n): v for n, v in host.pip.get_packages(pip_path="/opt/venv/bin/pip").items()}
+    installed = {n: d["version"] if isinstance(d, dict) else d for n, d in installed.items()}
+    pins = lock_pins()
+    wrong = {
+        name: (pinned, installed.get(name))
+        for name, pinned in pins.items()
+        if installed.get(name) not in (pinned,) and not str(installed.get(name)).startswith(pinned + "+")
+    }
+    assert not wrong, f"lock pin vs installed: {wrong}"
+    extra = set(installed) - set(pins) - {"pip"}
+    assert not extra, f"installed but not in the lock: {sorted(extra)}"
+
+
+def test_pip_check(host):
+    assert host.run("/opt/venv/bin/pip check").rc == 0
+
+
+def test_pinned_frameworks_import(host):
+    pins = lock_pins()
+    out = host.check_output(
+        f"{VENV_PY} -c 'import torch, deepspeed, transformers; "
+        "print(torch.__version__, deepspeed.__version__, transformers.__version__)'"
+    )
+    torch_v, ds_v, tf_v = out.split()[-3:]
+    assert torch_v.split("+")[0] == pins["torch"] == "2.13.0"
+    assert ds_v == pins["deepspeed"]
+    assert tf_v == pins["transformers"]
+
+
+def test_app_importable_without_pythonpath(host):
+    out = host.check_output(
+        f"env -u PYTHONPATH {VENV_PY} -c 'import gaudi_cluster, train; print(gaudi_cluster.__file__)'"
+    )
+    assert out.startswith("/opt/gaudi-cluster/app/gaudi_cluster/")
+
+
+def test_environment(host):
+    env = host.environment()
+    assert env["TORCH_EXTENSIONS_DIR"] == "/opt/torch-extensions"
+    assert env["DS_ACCELERATOR"] == "cpu"
+    assert env["PATH"].split(":")[0] == "/opt/venv/bin"
+
+
+def test_embedded_data_present(host):
+    assert host.file("/opt/gaudi-cluster/data").is_directory
+    assert host.file("/opt/gaudi-cluster/data").listdir(), "the embedded data directory is empty"
+
+
+def test_deepspeed_shm_op_prebuilt(host):
+    """The shm comm op is in TORCH_EXTENSIONS_DIR and loads without compiling.
+
+    Proof of "no compile": ninja appends to .ninja_log for every build step and the .so keeps its
+    mtime; the load costs well under 10 s of CPU (compiling it costs about 70 s). CPU time, not wall
+    time, so a busy machine cannot fail the test.
+    """
+    ext = "/opt/torch-extensions/deepspeed_shm_comm"
+    assert host.file(f"{ext}/deepspeed_shm_comm.so").is_file
+    state = f"stat -c %Y {ext}/deepspeed_shm_comm.so && md5sum {ext}/.ninja_log"
+    before = host.check_output(state)
+    result = host.run(
+        "bash -c %s",
+        f"TIMEFORMAT=%U+%S; time {VENV_PY} -c 'from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; "
+        "ShareMemCommBuilder().load()' >/dev/null 2>&1",
+    )
+    assert result.rc == 0, result.stderr
+    cpu = sum(float(x) for x in result.stderr.strip().splitlines()[-1].split("+"))
+    assert host.check_output(state) == before, "the shm op was rebuilt at run time"
+    assert cpu < 10, f"loading the shm op used {cpu:.1f}s of CPU (compiled at run time?)"
+
+
+# ---- image metadata -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def config(image):
+    return json.loads(docker("image", "inspect", image).stdout)[0]
+
+
+def test_entrypoint_and_defaults(config):
+    cfg = config["Config"]
+    assert cfg["Entrypoint"] == ["/usr/bin/tini", "--", "/opt/gaudi-cluster/entrypoint/entrypoint.sh"]
+    assert not cfg.get("Cmd")
+    assert cfg["WorkingDir"] == "/workspace"
+    assert cfg["StopSignal"] == "SIGTERM"
+    assert cfg["Healthcheck"]["Test"] == ["CMD", "/opt/gaudi-cluster/entrypoint/healthcheck.sh"]
+    assert "3022/tcp" in cfg["ExposedPorts"]
+    labels = cfg["Labels"]
+    for key in ("title", "version", "revision", "source", "description"):
+        assert f"org.opencontainers.image.{key}" in labels
+
+
+def test_image_size(config):
+    assert config["Size"] <= MAX_IMAGE_BYTES, f"image is {config['Size'] / 1e9:.2f} GB"
+
+
+# ---- no keys baked in ---------------------------------------------------------------------------------
+
+
+def test_filesystem_has_no_host_or_user_keys(image):
+    """A container whose entrypoint never ran has no ssh host keys and no ~/.ssh/id_*."""
+    cid = docker("create", image).stdout.strip()
+    try:
+        with (
+            subprocess.Popen(["docker", "export", cid], stdout=subprocess.PIPE) as proc,
+            tarfile.open(fileobj=proc.stdout, mode="r|") as tar,
+        ):
+            names = [member.name for member in tar]
+        assert proc.returncode == 0, "docker export failed"
+    finally:
+        docker("rm", "-f", cid, check=False)
+    bad = [n for n in names if re.search(r"(^|/)etc/ssh/ssh_host_|(^|/)root/\.ssh/id_", n)]
+    assert not bad, f"keys in the image: {bad}"
+
+
+def test_no_layer_holds_a_private_or_host_key(image, tmp_path):
+    """Every layer of `docker save`: no ssh_host_* file and no text file holding a PEM/OpenSSH private key.
+
+    Binaries (libssl, ssh-keygen) contain the "PRIVATE KEY" header as a string; a key file is text
+    with a base64 body, which is what the pattern requires.
+    """
+    archive = tmp_path / "image.tar"
+    with archive.open("wb") as out:
+        subprocess.run(["docker", "save", image], stdout=out, check=True, timeout=600)
+    found = []
+    with tarfile.open(archive) as outer:
+        layers = [m for m in outer.getmembers() if m.name.endswith("layer.tar")]
+        assert layers, "docker save produced no layers"
+        for layer in layers:
+            with tarfile.open(fileobj=outer.extractfile(layer)) as inner:
+                for member in inner:
+                    base = member.name.rsplit("/", 1)[-1]
+                    if base.startswith("ssh_host_"):
+                        found.append(f"{layer.name}: {member.name}")
+                    elif member.isfile() and member.size > 0:
+                        data = inner.extractfile(member).read()
+                        if b"PRIVATE KEY" in data and b"\0" not in data and PRIVATE_KEY_PEM.search(data):
+                            found.append(f"{layer.name}: {member.name}")
+    assert not found, f"keys in image layers: {found}"
+
+
+# ---- running worker -------------------------------------------------------------------------------------
+
+
+def test_pid1_is_tini(host):
+    assert host.process.get(pid=1).comm == "tini"
+
+
+def test_sshd_listens_on_3022(host):
+    assert host.socket("tcp://0.0.0.0:3022").is_listening
+
+
+def test_sshd_effective_config_is_key_only(host):
+    config = dict(
+        line.split(" ", 1)
+        for line in host.check_output("/usr/sbin/sshd -T -p 3022").splitlines()
+        if " " in line
+    )
+    assert config["port"] == "3022"
+    assert config["passwordauthentication"] == "no"
+    assert config["kbdinteractiveauthentication"] == "no"
+    assert config["pubkeyauthentication"] == "yes"
+    assert config["permitrootlogin"] == "without-password"
+    assert config["permitemptypasswords"] == "no"
+
+
+def test_ssh_client_config(host):
+    config = dict(
+        line.split(" ", 1) for line in host.check_output("ssh -G node-x").splitlines() if " " in line
+    )
+    assert config["port"] == "3022"
+    assert config["batchmode"] == "yes"
+    assert config["stricthostkeychecking"] == "accept-new"
+    assert config["connecttimeout"] == "5"
+    assert config["serveraliveinterval"] == "5"
+    assert config["serveralivecountmax"] == "3"
+    assert config["loglevel"] == "ERROR"
+
+
+def test_installed_key_modes(host):
+    assert host.file("/root/.ssh").mode == 0o700
+    assert host.file("/root/.ssh/authorized_keys").mode == 0o600
+    assert host.file("/root/.ssh/id_ed25519").mode == 0o600
+    for kind in ("rsa", "ecdsa", "ed25519"):
+        assert host.file(f"/etc/ssh/ssh_host_{kind}_key").exists
+
+
+def test_healthcheck_healthy(worker):
+    assert health(worker) == "healthy"
+
+
+def test_worker_accepts_ssh_within_10s(containers: Containers, client):
+    """A freshly started worker accepts the cluster key over the network within 10 s of docker run."""
+    started = time.monotonic()
+    name = containers.run(role="worker")
+    ok = wait_until(lambda: ssh_from(client, name, "true").returncode == 0, timeout=10, interval=0.3)
+    elapsed = time.monotonic() - started
+    assert ok, f"no ssh login to {name} within 10 s:\n{containers.logs(name)}"
+    print(f"ssh login {elapsed:.1f}s after docker run")
+
+
+def test_ssh_session_sees_image_environment(worker, client):
+    """Commands run over ssh get the image Python, the .pth and TORCH_EXTENSIONS_DIR (sshd SetEnv)."""
+    out = ssh_from(
+        client, worker, "command -v python; echo $TORCH_EXTENSIONS_DIR; python -c 'import gaudi_cluster'"
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [VENV_PY, "/opt/torch-extensions"]
+
+
+def test_password_login_refused(worker, client):
+    out = docker(
+        "exec",
+        client,
+        "ssh",
+        "-o",
+        "PreferredAuthentications=password",
+        "-o",
+        "PubkeyAuthentication=no",
+        worker,
+        "true",
+        check=False,
+    )
+    assert out.returncode == 255
+
+
+def test_ssh_port_from_environment(containers: Containers, client):
+    name = containers.run(role="worker", env={"GAUDI_CLUSTER_SSH_PORT": "4022"})
+    assert wait_until(lambda: health(name) == "healthy", timeout=30), containers.logs(name)
+    assert ssh_from(client, name, "true", port=4022).returncode == 0
+    # the node's own client follows the port (for launchers that use the default)
+    port = docker("exec", name, "sh", "-c", "ssh -G x | sed -n 's/^port //p'").stdout.strip()
+    assert port == "4022"
+
+
+def test_sigterm_stops_worker_quickly(containers: Containers):
+    name = containers.run(role="worker")
+    assert wait_until(lambda: health(name) == "healthy", timeout=30), containers.logs(name)
+    started = time.monotonic()
+    docker("stop", "-t", "10", name)
+    assert time.monotonic() - started < 5
+    code = docker("inspect", "-f", "{{.State.ExitCode}}", name).stdout.strip()
+    assert code in ("0", "143")
+
+
+# ---- entrypoint dispatch ------------------------------------------------------------------------------
+
+
+def test_help_prints_cli_help(image):
+    out = run_once(image, "--help")
+    assert out.returncode == 0, out.stderr
+    assert "usage" in out.stdout.lower()
+    assert "master" in out.stdout
+
+
+def test_unknown_command_passes_through(image):
+    out = run_once(image, "bash", "-c", "echo ok")
+    assert out.returncode == 0
+    assert out.stdout == "ok\n"
+
+
+def test_unknown_role_env_exits_2(image, keys):
+    out = run_once(image, env={"GAUDI_CLUSTER_ROLE": "boss"}, mounts=[f"{keys}:{SSH_DIR}:ro"])
+    assert out.returncode == 2
+    assert "GAUDI_CLUSTER_ROLE='boss'" in out.stderr
+    assert "master | worker" in out.stderr
+
+
+def test_unknown_word_exits_2(image):
+    out = run_once(image, "wrker")
+    assert out.returncode == 2
+    assert "'wrker' is neither a role" in out.stderr
+
+
+def test_worker_without_keys_fails_clearly(image):
+    out = run_once(image, "worker")
+    assert out.returncode == 2
+    assert f"no cluster key at {SSH_DIR}/id_ed25519.pub" in out.stderr
+    assert "make keys" in out.stderr
+
+
+def test_master_without_private_key_fails(image, tmp_path, keys):
+    shutil.copy(keys / "id_ed25519.pub", tmp_path / "id_ed25519.pub")
+    out = run_once(image, "master", mounts=[f"{tmp_path}:{SSH_DIR}:ro"])
+    assert out.returncode == 2
+    assert f"no private key at {SSH_DIR}/id_ed25519" in out.stderr
+
+
+@pytest.mark.parametrize("role", ["master", "worker"])
+def test_world_readable_private_key_refused(image, tmp_path, keys, role):
+    for name in ("id_ed25519", "id_ed25519.pub"):
+        shutil.copy(keys / name, tmp_path / name)
+    (tmp_path / "id_ed25519").chmod(0o644)
+    out = run_once(image, role, mounts=[f"{tmp_path}:{SSH_DIR}:ro"])
+    assert out.returncode == 2
+    assert "is readable by others (mode 0644)" in out.stderr
+    assert f"chmod 600 {SSH_DIR}/id_ed25519" in out.stderr
+
+
+def test_not_a_public_key_refused(image, tmp_path: Path):
+    (tmp_path / "id_ed25519.pub").write_text("hello world\n")
+    out = run_once(image, "worker", mounts=[f"{tmp_path}:{SSH_DIR}:ro"])
+    assert out.returncode == 2
+    assert "is not an ed25519, rsa or ecdsa public key" in out.stderr
+
+
+@pytest.mark.parametrize("port", ["0", "70000", "ssh", "-1"])
+def test_bad_port_refused(image, keys, port):
+    out = run_once(image, "worker", env={"GAUDI_CLUSTER_SSH_PORT": port}, mounts=[f"{keys}:{SSH_DIR}:ro"])
+    assert out.returncode == 2
+    assert f"GAUDI_CLUSTER_SSH_PORT='{port}' is not a TCP port" in out.stderr
+
+
+def test_entrypoint_is_sourceable(image):
+    script = (
+        "source /opt/gaudi-cluster/entrypoint/entrypoint.sh"
+        " && ep_is_role master && ep_is_role worker && ! ep_is_role boss"
+        ' && [ "$(GAUDI_CLUSTER_SSH_PORT=022 ep_ssh_port)" = 22 ] && echo sourced'
+    )
+    out = run_once(image, "bash", "-c", script)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "sourced\n"
