@@ -79,6 +79,11 @@ COPY app/ /opt/gaudi-cluster/app/
 
 ARG VERSION=dev
 ARG GIT_REV=unknown
+# What `gaudi-cluster doctor` compares across nodes: the release plus a digest of the code itself
+# (a dirty tree built twice with the same revision still tells apart).
+RUN printf '%s-%s-%s\n' "${VERSION}" "${GIT_REV}" \
+      "$(find /opt/gaudi-cluster/app -type f -name '*.py' -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-12)" \
+      > /opt/gaudi-cluster/BUILD_ID
 ARG SOURCE_URL=""
 LABEL org.opencontainers.image.title="gaudi-cluster" \
       org.opencontainers.image.description="Multi-node DeepSpeed training node (${FLAVOR} flavor): sshd, launchers, control plane" \

@@ -27,8 +27,9 @@ from gaudi_cluster.plan import LaunchPlan
 
 log = logging.getLogger("gaudi_cluster.supervise")
 
-# pdsh prefixes remote lines with "host: "; ours already name host and rank.
-_PDSH_PREFIX = re.compile(r"^[^\s:]+: (?=\[)")
+# pdsh prefixes remote lines with "host: "; rank agents' lines already name host and rank.
+_PDSH_LINE = re.compile(r"^(?P<host>[^\s:]+): (?P<rest>.*)$")
+_RANK_PREFIX = re.compile(r"^\[[\w.-]+ rank \d+\] ")
 
 
 @dataclass(frozen=True)
@@ -106,12 +107,12 @@ class Supervisor:
         assert self.launcher is not None and self.launcher.stdout is not None
         for raw in iter(self.launcher.stdout.readline, b""):
             line = raw.decode(errors="replace").rstrip("\n")
-            stripped = _PDSH_PREFIX.sub("", line, count=1)
-            if stripped is line:
-                self.launcher_tail.append(line)
-                self._print(f"[launcher] {line}")
-            else:
-                self._print(stripped)
+            remote = _PDSH_LINE.match(line)
+            if remote and _RANK_PREFIX.match(remote["rest"]):
+                self._print(remote["rest"])
+                continue
+            self.launcher_tail.append(line)
+            self._print(f"[{remote['host']}] {remote['rest']}" if remote else f"[launcher] {line}")
 
     # --- signals --------------------------------------------------------------------------------
 

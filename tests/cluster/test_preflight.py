@@ -1,0 +1,145 @@
+"""Preflight (doctor) and bad input on a real cluster: clear error, exit code, nothing launched."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+USER_DIR = Path(__file__).resolve().parent / "user"
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+USER_SCRIPT = "/workspace/user/allreduce.py"
+
+
+@pytest.fixture(scope="module")
+def held(request, image, cluster_keys, tmp_path_factory):
+    """A master that prepared the cluster and stays up, so every case is one `docker exec`."""
+    from gaudi_cluster.localcluster import LocalCluster
+
+    cluster = LocalCluster(
+        image=image,
+        key_dir=cluster_keys,
+        workers=2,
+        output_dir=tmp_path_factory.mktemp("out"),
+        run_args=["-v", f"{USER_DIR}:/workspace/user:ro"],
+    )
+    try:
+        cluster.create_network()
+        cluster.start_workers()
+        cluster.wait_healthy(cluster.worker_names)
+        cluster.start_master(extra_env={"GAUDI_CLUSTER_HOLD": "1"})
+        deadline = time.monotonic() + 120
+        while cluster.exec(cluster.master, "test", "-s", "/run/gaudi-cluster/hostfile").returncode != 0:
+            assert time.monotonic() < deadline, cluster.all_logs()
+            time.sleep(0.5)
+        yield cluster
+    except BaseException:
+        print(cluster.all_logs())
+        raise
+    finally:
+        cluster.remove()
+
+
+def run_in_master(cluster, *argv: str, env: dict[str, str] | None = None, timeout: float = 120):
+    command = ["docker", "exec", "-e", "GAUDI_CLUSTER_HOLD=0"]
+    for key, value in (env or {}).items():
+        command += ["-e", f"{key}={value}"]
+    return subprocess.run(
+        [*command, cluster.master, *argv], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def write_in_master(cluster, path: str, text: str) -> None:
+    subprocess.run(
+        ["docker", "exec", "-i", cluster.master, "sh", "-c", f"cat > {path}"],
+        input=text,
+        text=True,
+        check=True,
+    )
+
+
+def assert_nothing_launched(done) -> None:
+    assert "rank 0]" not in done.stdout and "deepspeed.launcher" not in done.stdout
+
+
+def test_doctor_reports_every_node_as_table_and_json(held):
+    done = run_in_master(held, "gaudi-cluster", "doctor")
+    assert done.returncode == 0, done.stdout + done.stderr
+    table, _, payload = done.stdout.partition("\n\n")
+    assert table.splitlines()[0].split()[:3] == ["HOST", "CHECK", "RESULT"]
+    findings = json.loads(payload)
+    hosts = {f["host"] for f in findings}
+    assert len(hosts) == 3
+    assert {f["check"] for f in findings} >= {"ssh", "slots", "interface", "workload"}
+    assert all(f["ok"] or not f["blocking"] for f in findings)
+
+
+@pytest.mark.parametrize(
+    ("case", "hostfile", "expect"),
+    [
+        ("malformed", "worker-1 slots=two\n", ":1:"),
+        ("duplicate hosts", "worker-1 slots=1\nworker-1 slots=1\n", ":2:"),
+        ("zero slots", "worker-1 slots=0\n", ":1:"),
+        ("unknown token", "worker-1 slots=1 gpus=2\n", ":1:"),
+    ],
+)
+def test_bad_hostfile_exits_2_naming_file_and_line(held, case, hostfile, expect):
+    write_in_master(held, "/tmp/bad-hostfile", hostfile)
+    done = run_in_master(held, "gaudi-cluster", "master", "--hostfile", "/tmp/bad-hostfile", USER_SCRIPT)
+    assert done.returncode == 2, done.stderr
+    error = done.stderr.strip().splitlines()[-1]
+    assert error.startswith("gaudi-cluster: error:") and "/tmp/bad-hostfile" + expect in error
+    assert_nothing_launched(done)
+
+
+@pytest.mark.parametrize(
+    ("case", "env_spec", "culprit"),
+    [
+        ("shell metacharacter", "FOO=a$b", "FOO"),
+        ("secret", "HF_TOKEN=hf_abc", "HF_TOKEN"),
+        ("bad name", "1BAD=x", "1BAD"),
+        ("no equals", "JUSTANAME", "JUSTANAME"),
+    ],
+)
+def test_bad_env_entries_exit_2(held, case, env_spec, culprit):
+    done = run_in_master(held, "gaudi-cluster", "master", "--env", env_spec, USER_SCRIPT)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert culprit in done.stderr.strip().splitlines()[-1]
+    assert "hf_abc" not in done.stdout + done.stderr
+    assert_nothing_launched(done)
+
+
+def test_script_missing_on_one_node_is_caught_before_launch(held):
+    subprocess.run(
+        ["docker", "exec", held.master, "cp", USER_SCRIPT, "/workspace/only-on-master.py"], check=True
+    )
+    done = run_in_master(held, "gaudi-cluster", "master", "/workspace/only-on-master.py")
+    assert done.returncode == 3, done.stdout + done.stderr
+    error = done.stderr.strip().splitlines()[-1]
+    assert "workload" in error and "/workspace/only-on-master.py is missing" in error
+    assert_nothing_launched(done)
+
+
+def test_package_version_differing_on_one_node_is_caught(held):
+    worker = held.worker(2)
+    patch = (
+        "f=$(ls -d /opt/venv/lib/python3*/site-packages/deepspeed-*.dist-info)/METADATA; "
+        "cp $f /tmp/METADATA.orig; sed -i 's/^Version: .*/Version: 0.0.1/' $f"
+    )
+    subprocess.run(["docker", "exec", worker, "sh", "-c", patch], check=True)
+    try:
+        done = run_in_master(held, "gaudi-cluster", "master", USER_SCRIPT)
+    finally:
+        restore = (
+            "cp /tmp/METADATA.orig "
+            "$(ls -d /opt/venv/lib/python3*/site-packages/deepspeed-*.dist-info)/METADATA"
+        )
+        subprocess.run(["docker", "exec", worker, "sh", "-c", restore], check=True)
+    assert done.returncode == 3, done.stdout + done.stderr
+    error = done.stderr.strip().splitlines()[-1]
+    assert "deepspeed 0.0.1" in error and held.ip_of(worker) in error
+    assert_nothing_launched(done)
