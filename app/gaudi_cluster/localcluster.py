@@ -173,23 +173,28 @@ def ensure_keys(key_dir: Path) -> None:
 
 
 def _summary(output: Path, nodes: int, ranks: int) -> str:
-    def load(name: str) -> dict:
-        path = output / name
+    def load(path: Path) -> dict:
         return json.loads(path.read_text()) if path.exists() else {}
 
-    train, evaluation = load("train_results.json"), load("eval_results.json")
-    lines = [
-        "",
-        "gaudi-cluster demo summary",
-        f"  nodes {nodes}, ranks {ranks}",
-        f"  train samples/s {train.get('train_samples_per_second', '?')}, "
-        f"runtime {train.get('train_runtime', '?')} s",
-        f"  loss first {train.get('train_loss_first', '?')} -> last {train.get('train_loss_last', '?')} "
-        f"(mean {train.get('train_loss', '?')})",
-        f"  eval loss {evaluation.get('eval_loss', '?')}, perplexity {evaluation.get('perplexity', '?')}",
-        f"  results and plot in {output}",
-    ]
-    return "\n".join(lines)
+    train, evaluation = load(output / "train_results.json"), load(output / "eval_results.json")
+    states = sorted(
+        output.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name.split("-")[1])
+    )
+    history = load(states[-1]).get("log_history", []) if states else []
+    losses = [entry["loss"] for entry in history if "loss" in entry]
+    loss = f"{losses[0]:.3f} -> {losses[-1]:.3f}" if losses else "?"
+    return "\n".join(
+        [
+            "",
+            "gaudi-cluster demo summary",
+            f"  nodes {nodes}, ranks {ranks}",
+            f"  train samples/s (cluster) {train.get('train_samples_per_second', '?')}, "
+            f"runtime {train.get('train_runtime', '?')} s",
+            f"  loss first -> last logged: {loss}",
+            f"  eval loss {evaluation.get('eval_loss', '?')}, perplexity {evaluation.get('perplexity', '?')} (one node)",
+            f"  results, plot (training_curves.png) and checkpoints in {output}",
+        ]
+    )
 
 
 def demo(image: str, workers: int, output: Path, key_dir: Path) -> int:

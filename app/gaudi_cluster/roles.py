@@ -38,14 +38,12 @@ STABLE_HOSTFILE = "hostfile"  # next to the job directories: what `gaudi_spawn.p
 
 def default_program(python: str, accelerator: str) -> list[str]:
     """The bundled workload on its embedded default (a small GPT-2 on text shipped with Python)."""
-    config_name = "ds_cpu.json" if accelerator == "cpu" else "ds_zero1_bf16.json"
-    args = [
-        "--do_train",
-        "--output_dir",
-        os.environ.get("GAUDI_CLUSTER_OUTPUT_DIR", "/workspace/output"),
-        "--deepspeed",
-        str(APP_DIR / "train" / "configs" / config_name),
-    ]
+    from train import DEFAULT_JOB_ARGS, DEFAULT_OUTPUT_DIR  # a constants-only module: cheap
+
+    output_dir = os.environ.get("GAUDI_CLUSTER_OUTPUT_DIR", "/workspace/output")
+    args = [output_dir if arg == DEFAULT_OUTPUT_DIR else arg for arg in DEFAULT_JOB_ARGS]
+    if accelerator != "cpu":
+        args = ["ds_zero1_bf16" if arg == "ds_cpu" else arg for arg in args]
     if accelerator == "hpu":
         args += ["--use_habana", "--use_lazy_mode", "--gaudi_config_name", "Habana/gpt2"]
     return [python, "-u", str(DEFAULT_SCRIPT), *args]

@@ -1,0 +1,28 @@
+"""The bundled causal-LM workload of gaudi-cluster (a run_clm-style trainer).
+
+Modules: ``run_clm`` (the script), ``device`` (Gaudi / CUDA / CPU decision), ``data`` (embedded default
+data and tokenizer, dataset loading), ``metrics`` (throughput, MFU, memory, plot), ``checkpoints``
+(atomic checkpoints, resume selection), ``callbacks`` (progress, signals, atomic-checkpoint Trainer),
+``events`` (event lines). Heavy libraries (torch, transformers, datasets) are imported lazily.
+
+``DEFAULT_JOB_ARGS`` is the default cluster job (program argv after ``python -m train.run_clm``): the
+embedded tiny GPT-2 on the embedded corpus, DeepSpeed ZeRO-0 fp32 on CPU with node-local checkpoints;
+about a minute on three 1-rank CPU nodes. Evaluate afterwards on one node with
+``python -m train.run_clm --model_name_or_path OUT --do_eval --output_dir OUT``.
+"""
+
+DEFAULT_OUTPUT_DIR = "/workspace/output/default"
+
+DEFAULT_JOB_ARGS = [
+    "--do_train",
+    "--output_dir", DEFAULT_OUTPUT_DIR,
+    "--deepspeed", "ds_cpu",
+    "--max_steps", "40",
+    "--per_device_train_batch_size", "4",
+    "--learning_rate", "1e-3",
+    "--logging_steps", "5",
+    "--save_steps", "20",
+    "--save_total_limit", "2",
+    "--throughput_warmup_steps", "3",
+    "--seed", "42",
+]  # fmt: skip

@@ -1,0 +1,153 @@
+"""Atomic checkpoints and the choice of the checkpoint to resume from.
+
+transformers' Trainer writes ``checkpoint-N`` piece by piece; a crash half-way leaves a directory that
+looks like a checkpoint. Here a checkpoint only counts once it carries ``COMPLETE_MARKER``:
+
+1. Trainer writes ``checkpoint-N`` (model, optimizer, scheduler, RNG, trainer_state.json) with its own
+   rotation switched off;
+2. barrier (every rank has written its part);
+3. each writer (the local rank 0 of every node when nodes keep their own copy, else global rank 0)
+   writes the marker file and fsyncs it and the directory;
+4. barrier; then the writer rotates: it removes incomplete checkpoints older than the newest complete
+   one and complete ones beyond ``save_total_limit``. The newest complete checkpoint is never removed,
+   so at every instant a complete checkpoint to resume from exists.
+
+Resume only considers complete checkpoints; distributed ranks agree on one step (see ``agree_on_step``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+COMPLETE_MARKER = "gaudi-cluster-complete.json"
+_CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
+
+
+def checkpoint_step(path: str | Path) -> int | None:
+    m = _CKPT_RE.match(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
+def is_complete(path: str | Path) -> bool:
+    return (Path(path) / COMPLETE_MARKER).is_file()
+
+
+def list_checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
+    """All ``checkpoint-N`` directories, sorted by N."""
+    out = Path(output_dir)
+    if not out.is_dir():
+        return []
+    found = []
+    for child in out.iterdir():
+        step = checkpoint_step(child)
+        if step is not None and child.is_dir():
+            found.append((step, child))
+    return sorted(found)
+
+
+def complete_checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
+    return [(s, p) for s, p in list_checkpoints(output_dir) if is_complete(p)]
+
+
+def latest_complete(output_dir: str | Path) -> tuple[int, Path] | None:
+    done = complete_checkpoints(output_dir)
+    return done[-1] if done else None
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_marker(checkpoint_dir: str | Path, step: int, world_size: int) -> None:
+    """Mark a checkpoint complete: write to a temp file, fsync, rename, fsync the directory."""
+    ckpt = Path(checkpoint_dir)
+    tmp = ckpt / f".{COMPLETE_MARKER}.tmp-{os.getpid()}"
+    with open(tmp, "w") as fh:
+        json.dump({"step": step, "world_size": world_size, "t": time.time()}, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, ckpt / COMPLETE_MARKER)
+    _fsync_dir(ckpt)
+
+
+def rotate(output_dir: str | Path, save_total_limit: int | None) -> list[Path]:
+    """Remove what is safe to remove (see the module docstring); returns the removed paths."""
+    every = list_checkpoints(output_dir)
+    done = [(s, p) for s, p in every if is_complete(p)]
+    if not done:
+        return []
+    newest_done = done[-1][0]
+    doomed = [p for s, p in every if s < newest_done and not is_complete(p)]
+    if save_total_limit is not None and save_total_limit > 0:
+        keep = max(1, save_total_limit)
+        doomed += [p for _, p in done[:-keep]]
+    for path in doomed:
+        # rename first so that a crash mid-delete cannot leave a half-deleted "complete" checkpoint
+        trash = path.with_name(f".deleting-{path.name}-{os.getpid()}")
+        try:
+            os.rename(path, trash)
+        except OSError:
+            continue
+        shutil.rmtree(trash, ignore_errors=True)
+    return doomed
+
+
+def looks_like_checkpoint(path: Path) -> bool:
+    return (path / "trainer_state.json").is_file()
+
+
+def resolve_explicit(path_arg: str) -> Path:
+    """What ``--resume_from_checkpoint PATH`` means: a checkpoint dir, or an output dir holding some.
+
+    Raises FileNotFoundError with a one-line reason when there is nothing to resume from.
+    """
+    path = Path(path_arg).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"--resume_from_checkpoint {path_arg}: no such file or directory")
+    if path.is_dir() and (is_complete(path) or looks_like_checkpoint(path)):
+        return path
+    if path.is_dir():
+        latest = latest_complete(path)
+        if latest is not None:
+            return latest[1]
+    raise FileNotFoundError(
+        f"--resume_from_checkpoint {path_arg}: not a checkpoint (no trainer_state.json) and holds no "
+        "complete checkpoint-N"
+    )
+
+
+def agree_on_step(local_step: int, dist_ready: bool, device: Any = None) -> int:
+    """The newest step every rank has complete (-1: none).
+
+    Each rank proposes its newest complete step; all_reduce(MIN) gives the newest one that is not newer
+    than any rank's. The caller then checks that every rank actually has that step.
+    """
+    if not dist_ready:
+        return local_step
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([local_step], dtype=torch.long, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
+
+
+def all_ranks_true(flag: bool, dist_ready: bool, device: Any = None) -> bool:
+    if not dist_ready:
+        return flag
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([1 if flag else 0], dtype=torch.long, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t.item())

@@ -1,0 +1,9 @@
+"""Error type for bad input: run_clm prints its one-line message and exits with code 2."""
+
+from __future__ import annotations
+
+
+class UsageError(Exception):
+    """Bad input (flag, file, path, device): one line naming the culprit and the fix; exit code 2."""
+
+    exit_code = 2

@@ -1,0 +1,105 @@
+"""Fast checks of the pure pieces: checkpoint markers and rotation, flag scanning, throughput math."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from train import checkpoints, device, metrics
+from train.events import parse_events, write_progress
+
+
+def make_ckpt(root: Path, step: int, complete: bool) -> Path:
+    path = root / f"checkpoint-{step}"
+    path.mkdir(parents=True)
+    (path / "trainer_state.json").write_text("{}")
+    if complete:
+        checkpoints.write_marker(path, step, world_size=2)
+    return path
+
+
+def test_only_marked_checkpoints_count(tmp_path: Path) -> None:
+    make_ckpt(tmp_path, 5, True)
+    make_ckpt(tmp_path, 10, False)  # crashed mid-save
+    assert checkpoints.latest_complete(tmp_path)[0] == 5
+    assert json.loads((tmp_path / "checkpoint-5" / checkpoints.COMPLETE_MARKER).read_text())["step"] == 5
+
+
+def test_rotation_keeps_newest_complete_and_drops_stale_partials(tmp_path: Path) -> None:
+    for step, done in [(1, True), (2, False), (3, True), (4, True), (5, False)]:
+        make_ckpt(tmp_path, step, done)
+    removed = checkpoints.rotate(tmp_path, save_total_limit=2)
+    assert sorted(p.name for p in removed) == ["checkpoint-1", "checkpoint-2"]
+    # checkpoint-5 is newer than the newest complete one: it may still be being written, so it stays
+    assert [p.name for _, p in checkpoints.list_checkpoints(tmp_path)] == [
+        "checkpoint-3", "checkpoint-4", "checkpoint-5",
+    ]  # fmt: skip
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".deleting")]
+
+
+def test_rotation_with_limit_one_never_leaves_zero_complete(tmp_path: Path) -> None:
+    make_ckpt(tmp_path, 1, True)
+    make_ckpt(tmp_path, 2, False)
+    checkpoints.rotate(tmp_path, save_total_limit=1)
+    assert checkpoints.latest_complete(tmp_path)[0] == 1
+
+
+def test_resolve_explicit(tmp_path: Path) -> None:
+    ckpt = make_ckpt(tmp_path, 7, True)
+    assert checkpoints.resolve_explicit(str(ckpt)) == ckpt
+    assert checkpoints.resolve_explicit(str(tmp_path)) == ckpt  # an output dir: its newest complete one
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        checkpoints.resolve_explicit(str(tmp_path / "nope"))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match="not a checkpoint"):
+        checkpoints.resolve_explicit(str(empty))
+
+
+@pytest.mark.parametrize(
+    ("argv", "value", "truth"),
+    [
+        (["--use_habana"], "true", True),
+        (["--use_habana", "--do_train"], "true", True),
+        (["--use_habana", "false"], "false", False),
+        (["--use_habana=False"], "False", False),
+        (["--use_habana_x"], None, False),
+        ([], None, False),
+    ],
+)
+def test_flag_scan(argv: list[str], value: str | None, truth: bool) -> None:
+    assert device.flag_value(argv, "use_habana") == value
+    assert device.flag_true(argv, "use_habana") is truth
+
+
+def test_throughput_excludes_warmup() -> None:
+    clock = metrics.StepClock(warmup_steps=2)
+    clock.t_begin, clock.first_step = 0.0, 0
+    # step 1 and 2 are slow (warmup), then 1 s per step
+    clock.steps, clock.times = [1, 2, 3, 4, 5], [10.0, 20.0, 21.0, 22.0, 23.0]
+    got = metrics.throughput(clock, global_batch=8, block_size=256)
+    assert got["train_steps_per_second"] == 1.0
+    assert got["train_samples_per_second"] == 8.0
+    assert got["train_tokens_per_second"] == 8.0 * 256
+    # fewer steps than warmup: all steps count
+    short = metrics.StepClock(warmup_steps=5)
+    short.t_begin, short.first_step, short.steps, short.times = 0.0, 0, [1, 2], [1.0, 2.0]
+    assert metrics.throughput(short, 4, 10)["train_steps_per_second"] == 1.0
+
+
+def test_mfu_formula() -> None:
+    assert metrics.mfu(1_000_000, 1000.0, peak_tflops=1.0, world_size=2) == pytest.approx(6e9 / 2e12)
+    assert metrics.mfu(1, 1.0, peak_tflops=None, world_size=1) is None
+
+
+def test_progress_file_is_replaced_atomically(tmp_path: Path) -> None:
+    target = tmp_path / "progress.json"
+    write_progress(str(target), 3, t=12.5)
+    assert json.loads(target.read_text()) == {"step": 3, "t": 12.5}
+    assert [p.name for p in tmp_path.iterdir()] == ["progress.json"]
+
+
+def test_parse_events_finds_prefixed_lines() -> None:
+    text = 'noise\n[n1 rank 0] gaudi-cluster-event {"event": "start", "t": 1.0}\n'
+    assert parse_events(text) == [{"event": "start", "t": 1.0}]
