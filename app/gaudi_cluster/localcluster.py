@@ -191,7 +191,8 @@ def _summary(output: Path, nodes: int, ranks: int) -> str:
             f"  train samples/s (cluster) {train.get('train_samples_per_second', '?')}, "
             f"runtime {train.get('train_runtime', '?')} s",
             f"  loss first -> last logged: {loss}",
-            f"  eval loss {evaluation.get('eval_loss', '?')}, perplexity {evaluation.get('perplexity', '?')} (one node)",
+            f"  eval loss {evaluation.get('eval_loss', '?')}, "
+            f"perplexity {evaluation.get('perplexity', '?')} (one node)",
             f"  results, plot (training_curves.png) and checkpoints in {output}",
         ]
     )
