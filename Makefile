@@ -69,8 +69,8 @@ image: ## build the gaudi flavor (needs vault.habana.ai and the internet)
 keys: ## make the cluster's ssh keypair in .keys/ (git-ignored, 0600)
 	scripts/make-keys.sh .keys
 
-demo: venv ## train the bundled model across a master and two workers, then evaluate
-	scripts/demo.sh
+demo: venv image-cpu keys ## train the bundled model across a master and two workers, then evaluate
+	$(PY) -m gaudi_cluster.localcluster demo --image $(IMAGE_CPU) --keys .keys
 
 up: venv keys ## start a local simulated cluster with compose (NODES=3)
 	scripts/compose.sh up $(NODES)
