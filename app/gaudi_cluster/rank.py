@@ -164,7 +164,10 @@ class RankAgent:
         while True:
             message = self.channel.receive()
             if message is None:
-                self.stop_child("the master closed the control channel (master stopped or lost)", grace_s=5)
+                if self.child is not None and self.child.poll() is None:
+                    self.stop_child(
+                        "the master closed the control channel (master stopped or lost)", grace_s=5
+                    )
                 return
             self.last_beat = time.monotonic()
             if message.get("type") == "stop":

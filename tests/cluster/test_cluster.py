@@ -30,6 +30,7 @@ def test_default_job_trains_across_three_containers(make_cluster, tmp_path):
     cluster.start_workers()
     cluster.wait_healthy(cluster.worker_names)
     cluster.start_master()
+    master_ip = cluster.ip_of(cluster.master)  # read while it runs: a stopped container has none
     code = cluster.wait_master(timeout_s=900)
     log = cluster.logs(cluster.master)
     assert code == 0, log[-4000:]
@@ -44,7 +45,7 @@ def test_default_job_trains_across_three_containers(make_cluster, tmp_path):
     # The generated hostfile lists the three containers' addresses with their slots, master first.
     hostfile = copy_from(cluster.master, "/run/gaudi-cluster/hostfile", tmp_path / "hostfile")
     expected_ips = [
-        cluster.ip_of(cluster.master),
+        master_ip,
         *sorted(
             (cluster.ip_of(name) for name in cluster.worker_names),
             key=lambda ip: tuple(map(int, ip.split("."))),
