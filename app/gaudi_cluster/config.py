@@ -134,7 +134,7 @@ SETTINGS: tuple[Setting, ...] = (
         "seconds without training progress before a rank counts as stuck",
         "600",
     ),
-    Setting("stop_grace", _seconds, 20.0, "seconds ranks get to save and exit after a stop", "20"),
+    Setting("stop_grace", _seconds, 8.0, "seconds ranks get to save and exit after a stop", "20"),
     Setting(
         "max_restarts",
         _non_negative_int,
@@ -160,6 +160,9 @@ SETTINGS: tuple[Setting, ...] = (
 )
 
 
+PEER_SOURCES = ("peers", "peers_dns", "hostfile")
+
+
 @dataclass(frozen=True)
 class ClusterConfig:
     peers: str | None = None
@@ -181,7 +184,7 @@ class ClusterConfig:
     heartbeat_timeout: float = 10.0
     start_timeout: float = 120.0
     stuck_timeout: float = 600.0
-    stop_grace: float = 20.0
+    stop_grace: float = 8.0
     max_restarts: int = 0
     skip_doctor: bool = False
     dry_run: bool = False
@@ -191,11 +194,24 @@ class ClusterConfig:
     def describe(self) -> str:
         """One line with every non-default setting, for the log."""
         changed = [
-            f"{field.name}={getattr(self, field.name)!r}"
+            f"{field.name}={_redacted(field.name, getattr(self, field.name))!r}"
             for field in dataclasses.fields(self)
             if getattr(self, field.name) != field.default
         ]
         return "effective configuration: " + (", ".join(changed) if changed else "all defaults")
+
+
+def _redacted(name: str, value: Any) -> Any:
+    """Values of secret-looking variables in --env never reach a log line."""
+    if name != "env" or not value:
+        return value
+    from gaudi_cluster.envfile import is_secret
+
+    entries = []
+    for entry in str(value).split(";"):
+        key, sep, _ = entry.partition("=")
+        entries.append(f"{key}=***" if sep and is_secret(key.strip()) else entry)
+    return ";".join(entries)
 
 
 def add_config_flags(parser: argparse.ArgumentParser, names: tuple[str, ...] | None = None) -> None:
@@ -215,10 +231,12 @@ def add_config_flags(parser: argparse.ArgumentParser, names: tuple[str, ...] | N
 def resolve_config(flags: Mapping[str, str | None], environ: Mapping[str, str]) -> ClusterConfig:
     """Merge flags > GAUDI_CLUSTER_* > defaults; a bad value is a ConfigError naming its source."""
     values: dict[str, Any] = {}
+    # The peer source is one choice: a source given as a flag replaces every source set in the env.
+    flag_sources = [name for name in PEER_SOURCES if flags.get(name) is not None]
     for setting in SETTINGS:
         raw = flags.get(setting.name)
         source = setting.flag
-        if raw is None:
+        if raw is None and not (flag_sources and setting.name in PEER_SOURCES):
             raw = environ.get(setting.env)
             source = setting.env
         if raw is None:

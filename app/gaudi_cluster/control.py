@@ -148,6 +148,10 @@ class ControlServer:
 
     def close(self) -> None:
         self._stopping.set()
+        # shutdown() wakes the thread blocked in accept(); close() alone would keep the port bound
+        # until then, and a restarted job could not listen on it again.
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._listener.close()
         for agent in self.agents():

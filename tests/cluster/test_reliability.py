@@ -43,15 +43,16 @@ def wait_for(predicate, timeout_s: float, interval_s: float = 0.25):
     return None
 
 
-def last_step(log: str) -> int:
-    steps = [int(m) for m in re.findall(r'"step": (\d+)', log)]
+def rank0_step(cluster) -> int:
+    done = cluster.exec(cluster.master, "sh", "-c", "cat /run/gaudi-cluster/jobs/*/rank0.progress")
+    steps = [int(m) for m in re.findall(r'"step": (\d+)', done.stdout)]
     return max(steps, default=-1)
 
 
 def wait_until_training(cluster, min_step: int = 1, timeout_s: float = 240) -> None:
     def training() -> bool:
         log = cluster.logs(cluster.master)
-        return '"first_step"' in log and (min_step <= 1 or last_step(log) >= min_step)
+        return '"first_step"' in log and (min_step <= 1 or rank0_step(cluster) >= min_step)
 
     assert wait_for(training, timeout_s), cluster.logs(cluster.master)[-3000:]
 

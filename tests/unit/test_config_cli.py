@@ -111,3 +111,16 @@ def test_seed_command_dry_run_reaches_every_host(tmp_path, monkeypatch, capsys):
     assert "--hostfile" in command and "--master_addr 10.0.0.1" in command
     assert "--master_port 29500" in command and "--ssh_port 3022" in command
     assert command.rstrip().endswith(" ".join(seed_args[-4:]))
+
+
+def test_a_peer_source_flag_replaces_the_env_sources():
+    config = resolve_config({"hostfile": "/job/hostfile"}, {"GAUDI_CLUSTER_PEERS_DNS": "worker"})
+    assert (config.hostfile, config.peers_dns, config.peers) == ("/job/hostfile", None, None)
+    both_env = resolve_config({}, {"GAUDI_CLUSTER_PEERS_DNS": "worker", "GAUDI_CLUSTER_PEERS": "a"})
+    assert (both_env.peers_dns, both_env.peers) == ("worker", "a")  # still a conflict, reported later
+
+
+def test_secrets_in_extra_env_never_reach_the_log_line():
+    line = ClusterConfig(env="HF_TOKEN=hf_secret;AWS_SECRET_ACCESS_KEY=x;FOO=1").describe()
+    assert "hf_secret" not in line and "=x" not in line
+    assert "HF_TOKEN=***" in line and "FOO=1" in line

@@ -206,3 +206,14 @@ def _restore_env():
         os.environ.pop("GAUDI_CLUSTER_JOB_ROOT", None)
     else:
         os.environ["GAUDI_CLUSTER_JOB_ROOT"] = saved
+
+
+def test_control_port_is_free_again_right_after_close():
+    """--max-restarts relaunches on the same control port at once."""
+    port = free_port()
+    first = ControlServer("127.0.0.1", port, "a", heartbeat_timeout_s=5)
+    first.start()
+    time.sleep(0.2)  # the accept thread is now blocked in accept()
+    first.close()
+    second = ControlServer("127.0.0.1", port, "b", heartbeat_timeout_s=5)
+    second.close()
