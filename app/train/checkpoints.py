@@ -68,9 +68,23 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
 def write_marker(checkpoint_dir: str | Path, step: int, world_size: int) -> None:
     """Mark a checkpoint complete: write to a temp file, fsync, rename, fsync the directory."""
     ckpt = Path(checkpoint_dir)
+    # DeepSpeed writes its "latest" tag file on global rank 0 only; with node-local storage the other
+    # nodes hold their global_stepN but no tag, and loading the checkpoint there would fail.
+    tags = [p.name for p in ckpt.glob("global_step*") if p.is_dir() and p.name[11:].isdigit()]
+    if tags and not (ckpt / "latest").exists():
+        _write_atomically(ckpt / "latest", max(tags, key=lambda name: int(name[11:])))
     tmp = ckpt / f".{COMPLETE_MARKER}.tmp-{os.getpid()}"
     with open(tmp, "w") as fh:
         json.dump({"step": step, "world_size": world_size, "t": time.time()}, fh)

@@ -103,3 +103,15 @@ def test_progress_file_is_replaced_atomically(tmp_path: Path) -> None:
 def test_parse_events_finds_prefixed_lines() -> None:
     text = 'noise\n[n1 rank 0] gaudi-cluster-event {"event": "start", "t": 1.0}\n'
     assert parse_events(text) == [{"event": "start", "t": 1.0}]
+
+
+def test_marker_gives_every_node_deepspeeds_latest_tag(tmp_path):
+    """Node-local checkpoints: DeepSpeed writes 'latest' on global rank 0 only; the others need it too."""
+    ckpt = tmp_path / "checkpoint-12"
+    (ckpt / "global_step12").mkdir(parents=True)
+    checkpoints.write_marker(ckpt, 12, world_size=3)
+    assert (ckpt / "latest").read_text() == "global_step12"
+    assert checkpoints.is_complete(ckpt)
+    (ckpt / "latest").write_text("global_step12")  # rank 0's own tag is left alone
+    checkpoints.write_marker(ckpt, 12, world_size=3)
+    assert (ckpt / "latest").read_text() == "global_step12"
