@@ -497,7 +497,8 @@ def reap_everywhere(job: PreparedJob, config: ClusterConfig) -> None:
         "--job-root",
         config.job_root,
     ]
-    results = ssh.run_on_hosts(job.hostfile.hosts, cmd, job.ssh_config, timeout_s=6)
+    # A dead or cut-off node must not hold the master's exit: its own agents end its ranks anyway.
+    results = ssh.run_on_hosts(job.hostfile.hosts, cmd, job.ssh_config, timeout_s=3, connect_timeout_s=1)
     for host, result in results.items():
         if not result.ok:
             log.warning(

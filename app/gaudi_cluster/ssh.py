@@ -65,9 +65,12 @@ def write_ssh_config(job_dir: Path, port: int, identity: Path | None, connect_ti
     return path
 
 
-def ssh_argv(host: str, remote: Sequence[str], config: Path) -> list[str]:
+def ssh_argv(
+    host: str, remote: Sequence[str], config: Path, connect_timeout_s: int | None = None
+) -> list[str]:
     # The remote side runs a shell; quote each word so arguments arrive verbatim.
-    return ["ssh", "-F", str(config), host, shlex.join(remote)]
+    options = ["-o", f"ConnectTimeout={connect_timeout_s}"] if connect_timeout_s else []
+    return ["ssh", "-F", str(config), *options, host, shlex.join(remote)]
 
 
 Runner = Callable[[Sequence[str], float], SshResult]
@@ -95,13 +98,17 @@ def run_on_hosts(
     config: Path,
     timeout_s: float,
     runner: Runner = run_subprocess,
+    connect_timeout_s: int | None = None,
 ) -> dict[str, SshResult]:
     """Run the same command on every host at once; one slow host does not delay the others."""
     host_list = list(hosts)
     if not host_list:
         return {}
     with ThreadPoolExecutor(max_workers=min(64, len(host_list))) as pool:
-        futures = {host: pool.submit(runner, ssh_argv(host, remote, config), timeout_s) for host in host_list}
+        futures = {
+            host: pool.submit(runner, ssh_argv(host, remote, config, connect_timeout_s), timeout_s)
+            for host in host_list
+        }
     return {host: _with_host(future.result(), host) for host, future in futures.items()}
 
 

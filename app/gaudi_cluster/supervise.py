@@ -51,7 +51,7 @@ class SupervisorSettings:
     start_timeout_s: float = 120.0
     stuck_timeout_s: float = 600.0
     stop_grace_s: float = 8.0
-    failure_grace_s: float = 3.0
+    failure_grace_s: float = 2.0
 
 
 @dataclass
