@@ -4,8 +4,9 @@
 # (default 3022). Prints one line saying why when unhealthy.
 #
 # Each banner check is a connection that sshd logs (two lines on the worker's stderr). To keep
-# `docker logs` readable at a 2 s interval, a banner check that passed is remembered for
-# BANNER_EVERY seconds; in between, the check is that a socket still LISTENs on the port.
+# `docker logs` readable when the check runs often (the test harness runs it on demand), a banner
+# check that passed is remembered for BANNER_EVERY seconds; in between, the check is that a socket
+# still LISTENs on the port.
 set -Eeuo pipefail
 
 readonly AUTHORIZED_KEYS="${HEALTHCHECK_AUTHORIZED_KEYS:-/root/.ssh/authorized_keys}"

@@ -20,6 +20,7 @@ from pathlib import Path
 LABEL = "gaudi-cluster.cluster"
 KEY_MOUNT = "/run/secrets/gaudi-cluster"
 OUTPUT_MOUNT = "/workspace/output"
+HEALTH_CHECK = "/opt/gaudi-cluster/entrypoint/healthcheck.sh"
 
 
 def docker(
@@ -96,16 +97,31 @@ class LocalCluster:
             self.started.append(name)
 
     def wait_healthy(self, names: Sequence[str], timeout_s: float = 60) -> float:
-        """Seconds until every container reports healthy; raises with their logs otherwise."""
+        """Seconds until the image's health check passes in every container; raises with their logs otherwise.
+
+        The check is run here on demand rather than read from Docker's status, which Docker only
+        refreshes every HEALTHCHECK interval (15 s).
+        """
         start = time.monotonic()
         waiting = list(names)
         while waiting and time.monotonic() - start < timeout_s:
-            waiting = [n for n in waiting if self.health(n) != "healthy"]
+            waiting = [n for n in waiting if not self.passes_health_check(n)]
+            gone = [n for n in waiting if self.state(n) != "running"]
+            if gone:
+                raise RuntimeError(f"exited before turning healthy: {', '.join(gone)}\n{self.all_logs()}")
             if waiting:
                 time.sleep(0.2)
         if waiting:
             raise RuntimeError(f"not healthy after {timeout_s:.0f}s: {', '.join(waiting)}\n{self.all_logs()}")
         return time.monotonic() - start
+
+    def passes_health_check(self, name: str) -> bool:
+        done = docker("exec", name, HEALTH_CHECK, check=False)
+        return done.returncode == 0
+
+    def state(self, name: str) -> str:
+        done = docker("inspect", "-f", "{{.State.Status}}", name, check=False)
+        return done.stdout.strip() if done.returncode == 0 else "missing"
 
     def health(self, name: str) -> str:
         done = docker(

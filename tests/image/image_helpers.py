@@ -58,6 +58,11 @@ def health(name: str) -> str:
     return docker("inspect", "-f", "{{.State.Health.Status}}", name, check=False).stdout.strip()
 
 
+def passes_health_check(name: str) -> bool:
+    """The image's health check, run now (Docker itself runs it only every 15 s)."""
+    return docker("exec", name, "/opt/gaudi-cluster/entrypoint/healthcheck.sh", check=False).returncode == 0
+
+
 def running(name: str) -> bool:
     return docker("inspect", "-f", "{{.State.Running}}", name, check=False).stdout.strip() == "true"
 

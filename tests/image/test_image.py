@@ -15,7 +15,18 @@ import time
 from pathlib import Path
 
 import pytest
-from image_helpers import SSH_DIR, Containers, docker, health, lock_pins, normalize, run_once, wait_until
+from gaudi_cluster.ssh import KEX_ALGORITHMS
+from image_helpers import (
+    SSH_DIR,
+    Containers,
+    docker,
+    health,
+    lock_pins,
+    normalize,
+    passes_health_check,
+    run_once,
+    wait_until,
+)
 
 pytestmark = pytest.mark.docker
 
@@ -154,6 +165,8 @@ def test_entrypoint_and_defaults(config):
     assert cfg["WorkingDir"] == "/workspace"
     assert cfg["StopSignal"] == "SIGTERM"
     assert cfg["Healthcheck"]["Test"] == ["CMD", "/opt/gaudi-cluster/entrypoint/healthcheck.sh"]
+    # each check is a docker exec; a short interval costs real CPU on every idle node
+    assert cfg["Healthcheck"]["Interval"] >= 10 * 10**9
     assert "3022/tcp" in cfg["ExposedPorts"]
     labels = cfg["Labels"]
     for key in ("title", "version", "revision", "source", "description"):
@@ -245,6 +258,8 @@ def test_ssh_client_config(host):
     assert config["serveraliveinterval"] == "5"
     assert config["serveralivecountmax"] == "3"
     assert config["loglevel"] == "ERROR"
+    # the cheap key exchange first (see gaudi_cluster/ssh.py), and the same list the control plane uses
+    assert config["kexalgorithms"] == KEX_ALGORITHMS
 
 
 def test_installed_key_modes(host):
@@ -296,7 +311,7 @@ def test_password_login_refused(worker, client):
 
 def test_ssh_port_from_environment(containers: Containers, client):
     name = containers.run(role="worker", env={"GAUDI_CLUSTER_SSH_PORT": "4022"})
-    assert wait_until(lambda: health(name) == "healthy", timeout=30), containers.logs(name)
+    assert wait_until(lambda: passes_health_check(name), timeout=30), containers.logs(name)
     assert ssh_from(client, name, "true", port=4022).returncode == 0
     # the node's own client follows the port (for launchers that use the default)
     port = docker("exec", name, "sh", "-c", "ssh -G x | sed -n 's/^port //p'").stdout.strip()
@@ -305,7 +320,7 @@ def test_ssh_port_from_environment(containers: Containers, client):
 
 def test_sigterm_stops_worker_quickly(containers: Containers):
     name = containers.run(role="worker")
-    assert wait_until(lambda: health(name) == "healthy", timeout=30), containers.logs(name)
+    assert wait_until(lambda: passes_health_check(name), timeout=30), containers.logs(name)
     started = time.monotonic()
     docker("stop", "-t", "10", name)
     assert time.monotonic() - started < 5

@@ -1,0 +1,56 @@
+"""The job's ssh client config, read back by the real ssh (`ssh -G`), and the failure explanations."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from gaudi_cluster.ssh import KEX_ALGORITHMS, SshResult, explain_ssh_failure, ssh_argv, write_ssh_config
+
+
+def effective(config: Path, host: str = "node-1") -> dict[str, str]:
+    out = subprocess.run(["ssh", "-G", "-F", str(config), host], check=True, capture_output=True, text=True)
+    return dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+
+
+def test_job_ssh_config_as_ssh_reads_it(tmp_path: Path):
+    key = tmp_path / "id_ed25519"
+    key.write_text("not read by ssh -G")
+    config = effective(write_ssh_config(tmp_path, 4022, key))
+    assert config["port"] == "4022"
+    assert config["user"] == "root"
+    assert config["batchmode"] == "yes"
+    assert config["stricthostkeychecking"] == "accept-new"
+    assert config["userknownhostsfile"] == str(tmp_path / "known_hosts")
+    assert config["identityfile"] == str(key)
+    # ssh accepts every name in the list, and picks the cheap X25519 exchange first
+    assert config["kexalgorithms"] == KEX_ALGORITHMS
+    assert config["kexalgorithms"].startswith("curve25519-sha256,")
+
+
+def test_job_ssh_config_is_private(tmp_path: Path):
+    assert write_ssh_config(tmp_path, 3022, None).stat().st_mode & 0o077 == 0
+
+
+def test_ssh_argv_quotes_remote_words():
+    argv = ssh_argv("h", ["echo", "a b", "$HOME"], Path("/cfg"), connect_timeout_s=1)
+    assert argv == ["ssh", "-F", "/cfg", "-o", "ConnectTimeout=1", "h", "echo 'a b' '$HOME'"]
+
+
+@pytest.mark.parametrize(
+    ("code", "stderr", "expected"),
+    [
+        (255, "ssh: connect to host w port 3022: Connection refused", "nothing listens on port 3022"),
+        (255, "root@w: Permission denied (publickey).", "the cluster key is not authorized there"),
+        (255, "ssh: Could not resolve hostname w: Name or service not known", "the name does not resolve"),
+        (255, "ssh: connect to host w port 3022: No route to host", "unreachable ("),
+        (255, "Host key verification failed.", "host key mismatch"),
+        (124, "", "ssh timed out"),
+        (3, "boom", "remote command failed with exit code 3: boom"),
+    ],
+)
+def test_ssh_failures_name_cause_and_fix(code: int, stderr: str, expected: str):
+    why = explain_ssh_failure(SshResult("w", code, "", stderr), 3022)
+    assert expected in why
+    assert "\n" not in why
