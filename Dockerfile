@@ -79,6 +79,9 @@ RUN if [ -f /opt/gaudi-cluster/app/train/data.py ]; then \
         exit 1; \
     fi
 COPY app/ /opt/gaudi-cluster/app/
+# The venv's bytecode is compiled at install; compile ours too, or (PYTHONDONTWRITEBYTECODE) every
+# probe, rank agent and rank compiles it again at start.
+RUN python -m compileall -q /opt/gaudi-cluster/app
 
 ARG VERSION=dev
 ARG GIT_REV=unknown
