@@ -107,7 +107,7 @@ def scenario(ctx: Ctx, kind: str, who: str, cap: float) -> dict:
 
 
 def run(ctx: Ctx) -> list[Row]:
-    reps = ctx.reps(1)
+    reps = ctx.reps(2)
     results: dict[tuple[str, str], list[dict]] = {s: [] for s in SCENARIOS}
     errors: list[str] = []
     last = 0.0

@@ -141,7 +141,7 @@ def plot(runs: dict[int, list[dict]], out_png: Path) -> Path | None:
 
 
 def run(ctx: Ctx, results_dir: Path) -> list[Row]:
-    reps = ctx.reps(1)
+    reps = ctx.reps(2)
     runs, problems = measure_bringup(ctx, SIZES, reps)
     base = runs[SIZES[0]]
     if not base:
