@@ -33,9 +33,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SUITE: dict[str, tuple[Callable[[Ctx], list[Row]], float, float, bool]] = {
     "render": (scale.run_render, 5, 2, False),
     "image": (image.run, 50, 30, True),
-    "throughput": (throughput.run, 110, 60, False),
+    "throughput": (throughput.run, 160, 60, False),
     "launch": (launch.run, 360, 120, True),
-    "failure": (failure.run, 460, 200, True),
+    "failure": (failure.run, 430, 200, True),
     "scale": (lambda ctx: scale.run(ctx, RESULTS), 110, 60, True),
 }
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bench.common import ROOT, WORK, Ctx, Row, Streamed, Target, events_in, failed_row, log, stat
 
-STEPS = 15
+STEPS = 60  # ~11 s of timed steps: a 15-step run (2 s) was mostly noise on shared cores
 WARMUP = 3
 BATCH = 4
 TIMEOUT = 600.0
