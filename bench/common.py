@@ -22,6 +22,8 @@ if str(APP) not in sys.path:  # the control plane and workload packages (also in
 
 EVENT_PREFIX = "gaudi-cluster-event "
 WORK = ROOT / "build" / "bench"  # scratch space (git-ignored through build/)
+# run_clm flags of every timed job: nothing saved (no checkpoint, final model or plot), no log lines.
+NO_SAVE_NO_LOG = ["--save_strategy", "no", "--no_save_last_ckpt", "--no_plot", "--logging_steps", "1000000"]
 
 
 def log(message: str) -> None:

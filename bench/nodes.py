@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from gaudi_cluster.localcluster import LocalCluster
 
-from bench.common import Ctx, Streamed, docker_logs_t, unique
+from bench.common import NO_SAVE_NO_LOG, Ctx, Streamed, docker_logs_t, unique
 
 APP_IN_IMAGE = "/opt/gaudi-cluster/app"
 RUN_CLM = f"{APP_IN_IMAGE}/train/run_clm.py"
@@ -42,12 +42,7 @@ def job_argv(output_dir: str, max_steps: int) -> list[str]:
         DS_CPU,
         "--max_steps",
         str(max_steps),
-        "--save_strategy",
-        "no",
-        "--no_save_last_ckpt",
-        "--no_plot",
-        "--logging_steps",
-        "1000000",
+        *NO_SAVE_NO_LOG,
     ]
 
 

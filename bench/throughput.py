@@ -14,9 +14,22 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from bench.common import ROOT, WORK, Ctx, Row, Streamed, Target, events_in, failed_row, log, stat
+from bench.common import (
+    NO_SAVE_NO_LOG,
+    ROOT,
+    WORK,
+    Ctx,
+    Row,
+    Streamed,
+    Target,
+    events_in,
+    failed_row,
+    log,
+    stat,
+)
 
 STEPS = 60  # ~11 s of timed steps: a 15-step run (2 s) was mostly noise on shared cores
 WARMUP = 3
@@ -37,73 +50,57 @@ def env(tmp: Path) -> dict[str, str]:
 
 def run_ours(tmp: Path) -> dict:
     out_dir = tmp / "ours"
-    proc = Streamed(
-        [
-            sys.executable,
-            "-u",
-            str(ROOT / "app" / "train" / "run_clm.py"),
-            "--do_train",
-            "--output_dir",
-            str(out_dir),
-            "--max_steps",
-            str(STEPS),
-            "--per_device_train_batch_size",
-            str(BATCH),
-            "--throughput_warmup_steps",
-            str(WARMUP),
-            "--save_strategy",
-            "no",
-            "--no_save_last_ckpt",
-            "--no_plot",
-            "--logging_steps",
-            "1000000",
-            "--report_to",
-            "none",
-        ],
-        env=env(tmp),
-        cwd=ROOT,
-    )
-    try:
-        code = proc.wait_exit(TIMEOUT)
-        if code != 0:
-            raise RuntimeError(f"run_clm exited {code}:\n{proc.tail(30)}")
-        ev = events_in(proc.lines)
-        results = json.loads((out_dir / "train_results.json").read_text())
-        return {
-            "sps": float(results["train_samples_per_second"]),
-            "ttfs": ev["first_step"]["t"] - proc.t_start,
-        }
-    finally:
-        proc.stop()
+    argv = [
+        str(ROOT / "app" / "train" / "run_clm.py"),
+        "--do_train",
+        "--output_dir",
+        str(out_dir),
+        "--max_steps",
+        str(STEPS),
+        "--per_device_train_batch_size",
+        str(BATCH),
+        "--throughput_warmup_steps",
+        str(WARMUP),
+        *NO_SAVE_NO_LOG,
+        "--report_to",
+        "none",
+    ]
+    results_file = out_dir / "train_results.json"
+    return timed_run("run_clm", argv, tmp, lambda _lines: json.loads(results_file.read_text()))
 
 
 def run_plain(tmp: Path) -> dict:
-    proc = Streamed(
-        [
-            sys.executable,
-            "-u",
-            str(ROOT / "bench" / "plain_trainer.py"),
-            "--output_dir",
-            str(tmp / "plain"),
-            "--max_steps",
-            str(STEPS),
-            "--batch",
-            str(BATCH),
-            "--warmup",
-            str(WARMUP),
-        ],
-        env=env(tmp),
-        cwd=ROOT,
-    )
+    argv = [
+        str(ROOT / "bench" / "plain_trainer.py"),
+        "--output_dir",
+        str(tmp / "plain"),
+        "--max_steps",
+        str(STEPS),
+        "--batch",
+        str(BATCH),
+        "--warmup",
+        str(WARMUP),
+    ]
+
+    def printed_result(lines: list[tuple[float, str]]) -> dict:
+        line = next(x for _t, x in lines if x.startswith("bench-result "))
+        return json.loads(line[len("bench-result ") :])
+
+    return timed_run("plain Trainer", argv, tmp, printed_result)
+
+
+def timed_run(
+    what: str, script_argv: list[str], tmp: Path, results_of: Callable[[list[tuple[float, str]]], dict]
+) -> dict:
+    """Run one training script; samples/s from its results, time to first step from its events."""
+    proc = Streamed([sys.executable, "-u", *script_argv], env=env(tmp), cwd=ROOT)
     try:
         code = proc.wait_exit(TIMEOUT)
         if code != 0:
-            raise RuntimeError(f"plain Trainer exited {code}:\n{proc.tail(30)}")
+            raise RuntimeError(f"{what} exited {code}:\n{proc.tail(30)}")
         ev = events_in(proc.lines)
-        line = next(x for _t, x in proc.lines if x.startswith("bench-result "))
-        result = json.loads(line[len("bench-result ") :])
         return {
-            "sps": float(result["train_samples_per_second"]),
+            "sps": float(results_of(proc.lines)["train_samples_per_second"]),
             "ttfs": ev["first_step"]["t"] - proc.t_start,
         }
     finally:
