@@ -20,10 +20,10 @@ export GAUDI_CLUSTER_IMAGE ?= $(IMAGE_CPU)
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-14s %s\n", $$1, $$2}'
 
-$(VENV)/.installed: requirements/dev.txt pyproject.toml
+$(VENV)/.installed: requirements/dev.txt pyproject.toml dev/pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements/dev.txt
-	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e . -e dev
 	touch $@
 
 venv: $(VENV)/.installed ## create .venv with the pinned tools and the package (editable)
@@ -70,7 +70,7 @@ keys: ## make the cluster's ssh keypair in .keys/ (git-ignored, 0600)
 	scripts/make-keys.sh .keys
 
 demo: venv image-cpu keys ## train the bundled model across a master and two workers, then evaluate
-	$(PY) -m gaudi_cluster.localcluster demo --image $(IMAGE_CPU) --keys .keys
+	$(PY) -m gaudi_cluster_dev.localcluster demo --image $(IMAGE_CPU) --keys .keys
 
 up: venv keys ## start a local simulated cluster with compose (NODES=3)
 	scripts/compose.sh up $(NODES)

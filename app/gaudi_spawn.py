@@ -18,8 +18,8 @@ except ImportError:
     # Run from a checkout without the image's .pth file: the package sits next to this script.
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from gaudi_cluster.compat import spawn_main
 from gaudi_cluster.errors import ConfigError, GaudiClusterError
+from gaudi_cluster.spawn import spawn_main
 
 
 def main(argv: list[str] | None = None) -> int:

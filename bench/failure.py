@@ -14,7 +14,7 @@ import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from gaudi_cluster.localcluster import LocalCluster
+from gaudi_cluster_dev.localcluster import LocalCluster
 
 from bench.common import Ctx, Row, Streamed, Target, failed_row, log, stat
 from bench.nodes import (

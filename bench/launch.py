@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from gaudi_cluster.localcluster import LocalCluster
+from gaudi_cluster_dev.localcluster import LocalCluster
 
 from bench.common import (
     Ctx,

@@ -1,4 +1,4 @@
-"""The local cluster as the benchmarks drive it (on top of gaudi_cluster.localcluster.LocalCluster).
+"""The local cluster as the benchmarks drive it (on top of gaudi_cluster_dev.localcluster.LocalCluster).
 
 * a fresh cluster: `new_cluster(ctx, tag, workers)`; always `cluster.remove()` in a finally
 * a held master (GAUDI_CLUSTER_HOLD=1): prepares the cluster, writes /run/gaudi-cluster/hostfile and
@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from gaudi_cluster.localcluster import LocalCluster
+from gaudi_cluster_dev.localcluster import LocalCluster
 
 from bench.common import NO_SAVE_NO_LOG, Ctx, Streamed, docker_logs_t, unique
 

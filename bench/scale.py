@@ -17,7 +17,7 @@ import statistics
 import time
 from pathlib import Path
 
-from gaudi_cluster.localcluster import LocalCluster
+from gaudi_cluster_dev.localcluster import LocalCluster
 
 from bench.common import Ctx, Row, Target, failed_row, first_line, log, stat
 from bench.nodes import READY_LINE, new_cluster, start_held_master, start_workers_parallel

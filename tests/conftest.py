@@ -1,4 +1,5 @@
-"""Shared fixtures: the Docker engine and image (never skipped: no engine is a loud failure)."""
+"""Shared fixtures: the Docker engine, the image and a cluster key (never skipped: no engine is a loud
+failure), and the per-phase test reports that fixtures read to print logs on failure."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.docker import ROOT, docker
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
@@ -20,7 +21,10 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.fixture(scope="session")
 def docker_engine() -> None:
-    done = subprocess.run(["docker", "info"], capture_output=True, text=True, check=False)
+    try:
+        done = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        pytest.fail(f"no Docker engine answers ({error}); fix: scripts/start-docker-engine.sh", pytrace=False)
     if done.returncode != 0:
         pytest.fail(
             "no Docker engine answers (`docker info` failed); fix: scripts/start-docker-engine.sh "
@@ -31,14 +35,18 @@ def docker_engine() -> None:
 
 @pytest.fixture(scope="session")
 def image(docker_engine) -> str:
+    """The image under test: GAUDI_CLUSTER_IMAGE, default gaudi-cluster:cpu (`make image-cpu`)."""
     name = os.environ.get("GAUDI_CLUSTER_IMAGE", "gaudi-cluster:cpu")
-    if subprocess.run(["docker", "image", "inspect", name], capture_output=True, check=False).returncode != 0:
-        pytest.fail(f"image {name} is missing; fix: make image-cpu", pytrace=False)
+    if docker("image", "inspect", name, check=False).returncode != 0:
+        pytest.fail(
+            f"image {name} is missing; fix: make image-cpu (or set GAUDI_CLUSTER_IMAGE)", pytrace=False
+        )
     return name
 
 
 @pytest.fixture(scope="session")
 def cluster_keys(tmp_path_factory) -> Path:
+    """A cluster key pair made by scripts/make-keys.sh (dir 0700, private key 0600)."""
     directory = tmp_path_factory.mktemp("keys") / "keys"
     subprocess.run([str(ROOT / "scripts" / "make-keys.sh"), str(directory)], check=True, capture_output=True)
     return directory

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gaudi_cluster import __version__
-from gaudi_cluster.config import add_config_flags, resolve_config
+from gaudi_cluster.config import DEFAULT_JOB_ROOT, add_config_flags, resolve_config
 from gaudi_cluster.errors import GaudiClusterError
 
 log = logging.getLogger("gaudi_cluster")
@@ -58,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
 
     reap = sub.add_parser("reap", help="kill what is left of one job on this node (by its pid files)")
     reap.add_argument("--job-id", required=True)
-    reap.add_argument("--job-root", default="/run/gaudi-cluster/jobs")
+    reap.add_argument("--job-root", default=DEFAULT_JOB_ROOT)
 
     check = sub.add_parser("hostfile", help="validate a hostfile and print it normalized")
     check.add_argument("path")
@@ -110,22 +110,22 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     config = resolve_config(vars(args), os.environ)
     if args.command == "doctor":
-        from gaudi_cluster.preflight import run_doctor
+        from gaudi_cluster.doctor import run_doctor
 
         return run_doctor(config, os.environ, sys.stdout, json_only=args.json)
-    from gaudi_cluster import roles
+    from gaudi_cluster import master
 
     if config.hold:
-        return roles.hold(config, os.environ, sys.stdout)
-    return roles.run_master(config, args.job, os.environ, sys.stdout)
+        return master.hold(config, os.environ, sys.stdout)
+    return master.run_master(config, args.job, os.environ, sys.stdout)
 
 
 def _spawn(argv: list[str]) -> int:
-    from gaudi_cluster.compat import spawn_main
-    from gaudi_cluster.config import _flag
+    from gaudi_cluster.config import parse_bool
+    from gaudi_cluster.spawn import spawn_main
 
     _configure_logging(False)
-    dry_run = _flag(os.environ.get("GAUDI_CLUSTER_DRY_RUN", "0"))
+    dry_run = parse_bool(os.environ.get("GAUDI_CLUSTER_DRY_RUN", "0"))
     if argv[:1] == ["--dry-run"]:
         dry_run, argv = True, argv[1:]
     try:

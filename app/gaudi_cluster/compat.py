@@ -1,5 +1,5 @@
-"""optimum-habana compatibility: gaudi_spawn.py's flags and DistributedRunner's constructor, translated
-into a SpawnRequest that `gaudi_cluster.launch.run_spawn` executes.
+"""optimum-habana compatibility, pure: gaudi_spawn.py's flags and DistributedRunner's commands translated
+into a SpawnRequest, and a SpawnRequest into the ClusterConfig the master runs (see `spawn`).
 
 Differences from the original, all on purpose: errors are one-line ConfigErrors (also ValueErrors,
 so callers catching ValueError keep working); an explicit --world_size that contradicts the
@@ -12,12 +12,11 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import NoReturn
 
+from gaudi_cluster.config import ClusterConfig
 from gaudi_cluster.errors import ConfigError
 from gaudi_cluster.hostfile import Hostfile, read_hostfile
 
@@ -136,79 +135,14 @@ def command_from_list(command_list: Sequence[str]) -> list[list[str]]:
     return commands
 
 
-def _run_spawn(request: SpawnRequest, dry_run: bool) -> int:
-    # Imported here so the pure parsing above has no runtime dependency, and tests can swap it.
-    from gaudi_cluster.launch import run_spawn
-
-    code = run_spawn(request, dry_run=dry_run)
-    return 0 if code is None else int(code)
-
-
-class DistributedRunner:
-    """Drop-in for optimum.habana.distributed.DistributedRunner (same constructor arguments)."""
-
-    def __init__(
-        self,
-        command_list: Sequence[str] | None = None,
-        world_size: int = 1,
-        hostfile: str | Path | None = None,
-        use_mpi: bool = False,
-        use_deepspeed: bool = False,
-        master_port: int = DEFAULT_MASTER_PORT,
-        use_env: bool = False,
-        map_by: str = "socket",
-        multi_hls: object = None,
-        *,
-        dry_run: bool = False,
-    ) -> None:
-        if multi_hls is not None:
-            warnings.warn("multi_hls is deprecated and ignored", DeprecationWarning, stacklevel=2)
-        if use_mpi and use_deepspeed:
-            raise SpawnConfigError("use_mpi and use_deepspeed were both set; fix: choose one launcher")
-        if hostfile is not None and not use_deepspeed:
-            raise SpawnConfigError(
-                f"hostfile {hostfile} needs use_deepspeed=True (multi-node runs go through DeepSpeed); "
-                "fix: pass use_deepspeed=True"
-            )
-        self.command_list = list(command_list or [])
-        self.world_size = world_size
-        self.hostfile = None if hostfile is None else str(hostfile)
-        self.use_mpi = use_mpi
-        self.use_deepspeed = use_deepspeed
-        self.master_port = master_port
-        self.use_env = use_env
-        self.map_by = map_by
-        self.dry_run = dry_run
-
-    def requests(self) -> list[SpawnRequest]:
-        return [
-            validate_spawn_request(
-                SpawnRequest(
-                    script=argv[0],
-                    script_args=tuple(argv[1:]),
-                    world_size=self.world_size,
-                    hostfile=self.hostfile,
-                    use_mpi=self.use_mpi,
-                    use_deepspeed=self.use_deepspeed,
-                    master_port=self.master_port,
-                    use_env=self.use_env,
-                    map_by=self.map_by,
-                    # The original ignores world_size with a hostfile; only a non-default value can conflict.
-                    world_size_explicit=self.world_size != 1,
-                )
-            )
-            for argv in command_from_list(self.command_list)
-        ]
-
-    def run(self) -> int:
-        """Run the commands in order; the first non-zero exit code stops and is returned, else 0."""
-        for request in self.requests():
-            code = _run_spawn(request, self.dry_run)
-            if code != 0:
-                return code
-        return 0
-
-
-def spawn_main(argv: Sequence[str], *, dry_run: bool) -> int:
-    """`gaudi-cluster spawn ...` and gaudi_spawn.py: parse like gaudi_spawn.py, then run."""
-    return _run_spawn(parse_gaudi_spawn_args(argv), dry_run)
+def config_for_spawn(request: SpawnRequest, base: ClusterConfig, dry_run: bool) -> ClusterConfig:
+    """The master's configuration for a spawn: the launcher and port asked for, the hostfile as the
+    only peer source, or this node alone with world_size slots."""
+    launcher = "mpirun" if request.use_mpi else "deepspeed" if request.use_deepspeed else "torchrun"
+    config = replace(
+        base, launcher=launcher, master_port=request.master_port, dry_run=dry_run or base.dry_run
+    )
+    if request.hostfile:
+        # The hostfile names every node, the master included: it is the only peer source.
+        return replace(config, hostfile=request.hostfile, peers=None, peers_dns=None, nodes=None)
+    return replace(config, hostfile=None, peers=None, peers_dns=None, nodes=None, slots=request.world_size)

@@ -3,14 +3,13 @@
 One TCP connection per rank carries newline-delimited JSON both ways. It is how the master learns
 within a second that a rank exited or a node vanished (the connection closes, or heartbeats stop on
 a network partition), and how it stops this job's ranks on every node without ssh or pkill.
-
-Agent -> master: hello {job, host, rank, pid}, beat {step, step_time, last_output}, exit {code,
-signal, tail}. Master -> agent: beat, stop {grace}.
+The messages are listed in docs/architecture.md ("Rank agent protocol").
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import queue
@@ -89,15 +88,24 @@ def connect(address: str, timeout_s: float) -> Channel:
 
 @dataclass
 class AgentState:
+    """What the master knows of one rank agent. Changed only by ControlServer, under its lock."""
+
     host: str
     rank: int
     pid: int
     channel: Channel
-    last_seen: float
+    last_seen: float  # master's monotonic clock
     step: int | None = None
-    step_time: float | None = None
-    last_output: float | None = None
+    # Seconds since the rank last made progress (a step, else output), as the agent measured it on
+    # its own node, and when the master received that figure: no two nodes' clocks are compared.
+    progress_age: float | None = None
+    progress_received: float | None = None
     exited: bool = False
+
+    def progress_age_now(self, now: float) -> float | None:
+        if self.progress_age is None or self.progress_received is None:
+            return None
+        return self.progress_age + (now - self.progress_received)
 
 
 @dataclass(frozen=True)
@@ -106,6 +114,10 @@ class ControlEvent:
     host: str
     rank: int
     detail: dict[str, Any] = field(default_factory=dict)
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 class ControlServer:
@@ -138,13 +150,22 @@ class ControlServer:
             thread.start()
 
     def agents(self) -> list[AgentState]:
+        """A snapshot of every agent's state (copies: the live ones change under the lock)."""
         with self._lock:
-            return list(self._agents.values())
+            return [dataclasses.replace(agent) for agent in self._agents.values()]
+
+    def mark_exited(self, rank: int) -> None:
+        """The supervisor has accounted for this rank (its exit or loss): report nothing more of it."""
+        with self._lock:
+            if rank in self._agents:
+                self._agents[rank].exited = True
 
     def stop_all(self, grace_s: float) -> None:
         """Ask every connected agent to stop its rank (SIGTERM, then SIGKILL after grace_s)."""
-        for agent in self.agents():
-            agent.channel.send({"type": "stop", "grace": grace_s})
+        with self._lock:
+            channels = [a.channel for a in self._agents.values()]
+        for channel in channels:
+            channel.send({"type": "stop", "grace": grace_s})
 
     def close(self) -> None:
         self._stopping.set()
@@ -154,8 +175,12 @@ class ControlServer:
             self._listener.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._listener.close()
-        for agent in self.agents():
-            agent.channel.close()
+        with self._lock:
+            channels = [a.channel for a in self._agents.values()]
+        for channel in channels:
+            channel.close()
+
+    # --- threads --------------------------------------------------------------------------------
 
     def _accept_loop(self) -> None:
         while not self._stopping.is_set():
@@ -185,31 +210,42 @@ class ControlServer:
         with self._lock:
             self._agents[agent.rank] = agent
         self.events.put(ControlEvent("hello", agent.host, agent.rank, {"pid": agent.pid}))
-        while True:
-            message = channel.receive()
-            if message is None:
-                break
-            agent.last_seen = self._clock()
-            kind = message.get("type")
+        while (message := channel.receive()) is not None:
+            self._record(agent, message)
+        with self._lock:
+            reported = agent.exited
+        if not reported and not self._stopping.is_set():
+            self.events.put(ControlEvent("lost", agent.host, agent.rank, {"reason": "connection closed"}))
+
+    def _record(self, agent: AgentState, message: dict[str, Any]) -> None:
+        now = self._clock()
+        kind = message.get("type")
+        with self._lock:
+            agent.last_seen = now
             if kind == "beat":
-                agent.step = message.get("step", agent.step)
-                agent.step_time = message.get("step_time", agent.step_time)
-                agent.last_output = message.get("last_output", agent.last_output)
+                step = message.get("step")
+                agent.step = step if isinstance(step, int) and not isinstance(step, bool) else agent.step
+                age = _number(message.get("progress_age"))
+                if age is not None:
+                    agent.progress_age, agent.progress_received = age, now
             elif kind == "exit":
                 agent.exited = True
-                self.events.put(ControlEvent("exit", agent.host, agent.rank, message))
-        if not agent.exited and not self._stopping.is_set():
-            self.events.put(ControlEvent("lost", agent.host, agent.rank, {"reason": "connection closed"}))
+        if kind == "exit":
+            self.events.put(ControlEvent("exit", agent.host, agent.rank, message))
 
     def _beat_loop(self) -> None:
         while not self._stopping.wait(BEAT_INTERVAL_S):
             now = self._clock()
-            for agent in self.agents():
-                if agent.exited:
-                    continue
+            lost: list[tuple[AgentState, float]] = []
+            with self._lock:
+                live = [a for a in self._agents.values() if not a.exited]
+                for agent in live:
+                    silent_for = now - agent.last_seen
+                    if silent_for > self.heartbeat_timeout_s:
+                        agent.exited = True  # report a node once, not every second
+                        lost.append((agent, silent_for))
+            for agent in live:
                 agent.channel.send({"type": "beat"})
-                silent_for = now - agent.last_seen
-                if silent_for > self.heartbeat_timeout_s:
-                    agent.exited = True  # report a node once, not every second
-                    reason = f"no heartbeat for {silent_for:.0f}s (network partition or frozen node)"
-                    self.events.put(ControlEvent("lost", agent.host, agent.rank, {"reason": reason}))
+            for agent, silent_for in lost:
+                reason = f"no heartbeat for {silent_for:.0f}s (network partition or frozen node)"
+                self.events.put(ControlEvent("lost", agent.host, agent.rank, {"reason": reason}))

@@ -286,19 +286,6 @@ def discover_once(
     )
 
 
-def resolve_all(peers: Sequence[Peer], resolve: Resolver = default_resolve) -> tuple[list[Peer], list[Peer]]:
-    """Split peers into those whose name resolves now and those that do not (yet)."""
-    resolved: list[Peer] = []
-    missing: list[Peer] = []
-    for p in peers:
-        try:
-            ok = bool(resolve(p.host))
-        except OSError:
-            ok = False
-        (resolved if ok else missing).append(p)
-    return resolved, missing
-
-
 def wait_for_peers(
     discover: Callable[[], list[Peer]],
     expected: int | None,

@@ -14,6 +14,7 @@ import re
 import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from gaudi_cluster.errors import ConfigError
 
@@ -44,9 +45,6 @@ ALLOW_NAMES: frozenset[str] = frozenset(
         "DEEPSPEED_TIMEOUT",
         "ENABLE_CONSOLE",
         "DATA_LOADER_AEON_LIB_PATH",
-        "GAUDI_CLUSTER_JOB_ID",
-        "GAUDI_CLUSTER_CONTROL",
-        "GAUDI_CLUSTER_PROGRESS_DIR",
     }
 )
 # Node-local or owned by the launcher: forwarding the master's value would be wrong on the others.
@@ -190,6 +188,37 @@ PRESETS: dict[str, Callable[[Mapping[str, str], str | None], dict[str, str]]] = 
     "cpu": preset_cpu,
     "none": preset_none,
 }
+
+
+def auto_preset(accelerator: str, master_report: Mapping[str, Any]) -> str:
+    """The preset for `--env-preset auto`, from the device kind and what the master's probe saw."""
+    if accelerator == "cpu":
+        return "cpu"
+    if accelerator == "hpu":
+        # EFA shows up as uverbs devices plus a working efa provider (AWS DL1); else Gaudi NICs.
+        efa = master_report.get("uverbs_devices") and master_report.get("efa_provider")
+        return "efa" if efa else "gaudinic"
+    return "none"
+
+
+def collective_timeouts(accelerator: str) -> dict[str, str]:
+    """Collective timeouts per backend: gloo on CPU fails fast; HCCL graph compiles take longer."""
+    minutes = "5" if accelerator == "cpu" else "30"
+    return {"DEEPSPEED_TIMEOUT": minutes, "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+
+
+def job_env(
+    *,
+    preset: str,
+    accelerator: str,
+    master_report: Mapping[str, Any],
+    environ: Mapping[str, str],
+    socket_ifname: str | None,
+    extra: Mapping[str, str],
+) -> EnvFile:
+    """The job's env file: the master's allow-listed variables, the preset, timeouts, then `extra`."""
+    chosen = auto_preset(accelerator, master_report) if preset == "auto" else preset
+    return build_env_file(environ, chosen, {**collective_timeouts(accelerator), **extra}, socket_ifname)
 
 
 def default_socket_ifname(ifnames: Sequence[str]) -> str | None:

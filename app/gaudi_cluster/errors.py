@@ -19,11 +19,3 @@ class ClusterNotReady(GaudiClusterError):
     """Peers missing at the deadline, unreachable, or failing the preflight: nothing was launched."""
 
     exit_code = 3
-
-
-class JobFailed(GaudiClusterError):
-    """The job ran and failed; exit_code carries the job's own code (128+N for signal N)."""
-
-    def __init__(self, message: str, exit_code: int = 1) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code

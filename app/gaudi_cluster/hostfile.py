@@ -38,12 +38,6 @@ class Hostfile:
     def world_size(self) -> int:
         return sum(e.slots for e in self.entries)
 
-    def slots_of(self, host: str) -> int:
-        for e in self.entries:
-            if e.host == host:
-                return e.slots
-        raise KeyError(host)
-
 
 def host_problem(host: str) -> str | None:
     """Why `host` cannot be a hostfile/peer name, or None when it can."""

@@ -1,7 +1,9 @@
 """Launch plans: the exact argv and added environment for deepspeed | mpirun | torchrun. Nothing runs here.
 
-Every rank runs the rank agent (`python -u -m gaudi_cluster.rank --job-id J [--control C] -- program`),
-which owns the child process, the log prefix and the heartbeat.
+Every rank runs the rank agent (`python -u -m gaudi_cluster.agent --job-id J ... -- program`), which
+owns the child process, the log prefix and the heartbeat. As in DeepSpeed's multinode_runner.py, each
+launcher is one small class whose `plan()` returns the command without running it; `plan_for` picks
+the class from the launcher's name.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from types import MappingProxyType
 from gaudi_cluster.errors import ConfigError
 from gaudi_cluster.hostfile import Hostfile, render_mpi_hosts
 
-RANK_MODULE = "gaudi_cluster.rank"
+AGENT_MODULE = "gaudi_cluster.agent"
 
 
 @dataclass(frozen=True)
@@ -37,19 +39,29 @@ def render_shell(plan: LaunchPlan) -> str:
     return f"{prefix} {cmd}" if prefix else cmd
 
 
-def _agent_args(job_id: str, control: str | None, program: Sequence[str]) -> list[str]:
-    if not program:
-        raise ConfigError("the job has no program to run; fix: give the training command after the options")
-    args = ["--job-id", job_id]
-    if control:
-        args += ["--control", control]
-    return [*args, "--", *program]
+@dataclass(frozen=True)
+class AgentSettings:
+    """What every rank agent of a job is told on its command line (it reads no settings itself)."""
+
+    job_id: str
+    job_root: str
+    heartbeat_timeout_s: float
+    control: str | None  # HOST:PORT of the master's control channel; None: unsupervised
+
+    def args(self, program: Sequence[str]) -> list[str]:
+        if not program:
+            raise ConfigError(
+                "the job has no program to run; fix: give the training command after the options"
+            )
+        args = ["--job-id", self.job_id, "--job-root", self.job_root]
+        args += ["--heartbeat-timeout", f"{self.heartbeat_timeout_s:g}"]
+        if self.control:
+            args += ["--control", self.control]
+        return [*args, "--", *program]
 
 
-def rank_command(
-    job_id: str, control: str | None, program: Sequence[str], python: str = sys.executable
-) -> list[str]:
-    return [python, "-u", "-m", RANK_MODULE, *_agent_args(job_id, control, program)]
+def rank_command(agent: AgentSettings, program: Sequence[str], python: str = sys.executable) -> list[str]:
+    return [python, "-u", "-m", AGENT_MODULE, *agent.args(program)]
 
 
 def quote_for_pdsh(arg: str) -> str:
@@ -84,8 +96,7 @@ def deepspeed_plan(
     program: Sequence[str],
     python: str = sys.executable,
     ssh_config_path: str | None = None,
-    job_id: str,
-    control: str | None,
+    agent: AgentSettings,
     module_agent: bool = True,
 ) -> LaunchPlan:
     """`deepspeed` runner over pdsh, always multi-node mode (--force_multi).
@@ -118,7 +129,7 @@ def deepspeed_plan(
         "--force_multi",
     ]
     if module_agent:
-        user_script, user_args = RANK_MODULE, _agent_args(job_id, control, program)
+        user_script, user_args = AGENT_MODULE, agent.args(program)
         argv.append("--module")
     else:
         if not program:
@@ -146,8 +157,7 @@ def mpirun_plan(
     env: Mapping[str, str],
     program: Sequence[str],
     python: str = sys.executable,
-    job_id: str,
-    control: str | None,
+    agent: AgentSettings,
     mpi_root: str | None = None,
     openmpi_major: int = 4,
     socket_ifname: str | None = None,
@@ -188,7 +198,7 @@ def mpirun_plan(
     for name in sorted(exported):
         argv += ["-x", f"{name}={exported[name]}"]
     argv += ["-x", f"MASTER_ADDR={master_addr}", "-x", f"MASTER_PORT={master_port}"]
-    argv += rank_command(job_id, control, program, python)
+    argv += rank_command(agent, program, python)
     return LaunchPlan(tuple(argv), {}, "mpirun")
 
 
@@ -198,8 +208,7 @@ def torchrun_plan(
     master_port: int,
     program: Sequence[str],
     python: str = sys.executable,
-    job_id: str,
-    control: str | None,
+    agent: AgentSettings,
     master_addr: str = "127.0.0.1",
 ) -> LaunchPlan:
     """Single node. Static rendezvous rather than --standalone, which would ignore master_port
@@ -221,7 +230,93 @@ def torchrun_plan(
         "--master_port",
         str(master_port),
         "--module",
-        RANK_MODULE,
-        *_agent_args(job_id, control, program),
+        AGENT_MODULE,
+        *agent.args(program),
     ]
     return LaunchPlan(tuple(argv), {}, "torchrun")
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """Everything a launcher needs to know about one prepared job (paths are on every node)."""
+
+    hostfile: Hostfile
+    hostfile_path: str
+    env: Mapping[str, str]  # the env file's content
+    env_path: str
+    ssh_config_path: str | None
+    ssh_port: int
+    master_addr: str
+    master_port: int
+    program: tuple[str, ...]
+    python: str
+    agent: AgentSettings
+    socket_ifname: str | None = None
+    mpi_root: str | None = None
+    openmpi_major: int = 4
+
+
+class DeepSpeedLauncher:
+    name = "deepspeed"
+
+    def plan(self, inputs: PlanInputs) -> LaunchPlan:
+        base = deepspeed_plan(
+            hostfile_path=inputs.hostfile_path,
+            master_addr=inputs.master_addr,
+            master_port=inputs.master_port,
+            ssh_port=inputs.ssh_port,
+            env_file_path=inputs.env_path,
+            program=inputs.program,
+            python=inputs.python,
+            ssh_config_path=inputs.ssh_config_path,
+            agent=inputs.agent,
+        )
+        # A one-node deepspeed run skips pdsh and the env file: give the launcher the variables too.
+        return LaunchPlan(base.argv, {**inputs.env, **base.env}, base.launcher)
+
+
+class MpirunLauncher:
+    name = "mpirun"
+
+    def plan(self, inputs: PlanInputs) -> LaunchPlan:
+        return mpirun_plan(
+            hostfile=inputs.hostfile,
+            master_addr=inputs.master_addr,
+            master_port=inputs.master_port,
+            ssh_port=inputs.ssh_port,
+            ssh_config_path=inputs.ssh_config_path,
+            env=inputs.env,
+            program=inputs.program,
+            python=inputs.python,
+            agent=inputs.agent,
+            mpi_root=inputs.mpi_root,
+            openmpi_major=inputs.openmpi_major,
+            socket_ifname=inputs.socket_ifname,
+        )
+
+
+class TorchrunLauncher:
+    name = "torchrun"
+
+    def plan(self, inputs: PlanInputs) -> LaunchPlan:
+        if len(inputs.hostfile.entries) > 1:
+            raise ConfigError(
+                "--launcher torchrun runs one node only; fix: use --launcher deepspeed or mpirun"
+            )
+        base = torchrun_plan(
+            nproc_per_node=inputs.hostfile.world_size,
+            master_port=inputs.master_port,
+            program=inputs.program,
+            python=inputs.python,
+            agent=inputs.agent,
+        )
+        return LaunchPlan(base.argv, {**inputs.env, **base.env}, base.launcher)
+
+
+LAUNCHERS = {cls.name: cls for cls in (DeepSpeedLauncher, MpirunLauncher, TorchrunLauncher)}
+
+
+def plan_for(launcher: str, inputs: PlanInputs) -> LaunchPlan:
+    if launcher not in LAUNCHERS:
+        raise ConfigError(f"launcher '{launcher}' is unknown; fix: use one of {', '.join(LAUNCHERS)}")
+    return LAUNCHERS[launcher]().plan(inputs)

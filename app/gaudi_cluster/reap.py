@@ -7,21 +7,25 @@ import os
 import signal
 from pathlib import Path
 
+from gaudi_cluster import procgroup
+
 
 def reap_job(job_root: Path, job_id: str) -> list[int]:
-    """SIGKILL each rank's process group and agent recorded under job_root/job_id; return the pids."""
+    """Kill each rank's process group and agent recorded under job_root/job_id; return the pids.
+
+    The master calls this after a failure or a stop, once the agents had their chance to end their
+    ranks gracefully: whatever is still there is killed without a grace.
+    """
     killed: list[int] = []
-    job_dir = job_root / job_id
-    for pid_file in sorted(job_dir.glob("rank*.pid")):
+    for pid_file in sorted((job_root / job_id).glob("rank*.pid")):
         try:
-            pids = [int(word) for word in pid_file.read_text().split()]
+            group, *agents = [int(word) for word in pid_file.read_text().split()]
         except (OSError, ValueError):
             continue
-        group, *agent = pids
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(group, signal.SIGKILL)
+        if procgroup.group_alive(group):
+            procgroup.terminate(group, grace_s=0)
             killed.append(group)
-        for pid in agent:
+        for pid in agents:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)

@@ -19,10 +19,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TextIO
 
+from gaudi_cluster import procgroup
 from gaudi_cluster.control import ControlEvent, ControlServer
+from gaudi_cluster.outcome import JobOutcome, JobState, RankFailure, signal_name
 from gaudi_cluster.plan import LaunchPlan
 
 log = logging.getLogger("gaudi_cluster.supervise")
@@ -32,41 +34,12 @@ _PDSH_LINE = re.compile(r"^(?P<host>[^\s:]+): (?P<rest>.*)$")
 _RANK_PREFIX = re.compile(r"^\[[\w.-]+ rank \d+\] ")
 
 
-@dataclass(frozen=True)
-class RankFailure:
-    host: str
-    rank: int | None
-    what: str  # "exited with code 3", "killed by SIGKILL", "lost: connection closed", ...
-    exit_code: int
-    tail: tuple[str, ...] = ()
-
-    def summary(self, job_id: str) -> str:
-        where = f"host {self.host}" + (f" rank {self.rank}" if self.rank is not None else "")
-        last = " | ".join(line.strip() for line in self.tail[-3:] if line.strip())
-        return f"job {job_id} failed: {where} {self.what}" + (f"; last lines: {last}" if last else "")
-
-
 @dataclass
 class SupervisorSettings:
     start_timeout_s: float = 120.0
     stuck_timeout_s: float = 600.0
     stop_grace_s: float = 8.0
     failure_grace_s: float = 2.0
-
-
-@dataclass
-class JobOutcome:
-    exit_code: int
-    failure: RankFailure | None = None
-    stopped_by_signal: int | None = None
-    ranks_seen: dict[int, str] = field(default_factory=dict)
-
-
-def signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 class Supervisor:
@@ -142,7 +115,7 @@ class Supervisor:
         return outcome
 
     def _watch(self, started: float) -> JobOutcome:
-        outcome = JobOutcome(exit_code=0)
+        ranks_seen: dict[int, str] = {}
         finished: set[int] = set()
         launcher_exit_seen_at: float | None = None
         while True:
@@ -151,40 +124,33 @@ class Supervisor:
                 self._print(
                     f"gaudi-cluster: received {signal_name(signum)}; stopping job {self.job_id} on every node"
                 )
-                outcome.stopped_by_signal = signum
-                outcome.exit_code = 128 + signum
-                return outcome
+                return JobOutcome.stopped(signum, ranks_seen)
             try:
                 event = self.server.events.get(timeout=0.2)
             except queue.Empty:
                 event = None
             if event is not None:
-                failure = self._handle(event, outcome, finished)
+                failure = self._handle(event, ranks_seen, finished)
                 if failure is not None:
-                    outcome.failure = failure
-                    outcome.exit_code = failure.exit_code
-                    return outcome
+                    return JobOutcome.failed(failure, ranks_seen)
             if len(finished) == self.expected:
-                outcome.exit_code = 0
-                return outcome
+                return JobOutcome.succeeded(ranks_seen)
             now = self.clock()
             assert self.launcher is not None
             if self.launcher.poll() is not None:
                 # Rank reports travel on another socket: give them a moment to arrive first.
                 launcher_exit_seen_at = launcher_exit_seen_at or now
                 if now - launcher_exit_seen_at > 3.0 and self.server.events.empty():
-                    outcome.failure = self._launcher_failure(len(finished))
-                    outcome.exit_code = outcome.failure.exit_code
-                    return outcome
-            failure = self._check_timeouts(now - started, outcome)
+                    return JobOutcome.failed(self._launcher_failure(len(finished)), ranks_seen)
+            failure = self._check_timeouts(now, now - started, ranks_seen)
             if failure is not None:
-                outcome.failure = failure
-                outcome.exit_code = failure.exit_code
-                return outcome
+                return JobOutcome.failed(failure, ranks_seen)
 
-    def _handle(self, event: ControlEvent, outcome: JobOutcome, finished: set[int]) -> RankFailure | None:
+    def _handle(
+        self, event: ControlEvent, ranks_seen: dict[int, str], finished: set[int]
+    ) -> RankFailure | None:
         if event.kind == "hello":
-            outcome.ranks_seen[event.rank] = event.host
+            ranks_seen[event.rank] = event.host
             log.debug("rank %d checked in from %s", event.rank, event.host)
             return None
         if event.kind == "exit":
@@ -209,9 +175,9 @@ class Supervisor:
         )
         return RankFailure("master", None, what, code if code and code > 0 else 1, tuple(self.launcher_tail))
 
-    def _check_timeouts(self, elapsed: float, outcome: JobOutcome) -> RankFailure | None:
-        if len(outcome.ranks_seen) < self.expected and elapsed > self.settings.start_timeout_s:
-            seen = collections.Counter(outcome.ranks_seen.values())
+    def _check_timeouts(self, now: float, elapsed: float, ranks_seen: dict[int, str]) -> RankFailure | None:
+        if len(ranks_seen) < self.expected and elapsed > self.settings.start_timeout_s:
+            seen = collections.Counter(ranks_seen.values())
             missing = [
                 f"{host} ({slots - seen.get(host, 0)} of {slots})"
                 for host, slots in self.slots_by_host.items()
@@ -222,33 +188,31 @@ class Supervisor:
                 ", ".join(missing) or "?",
                 None,
                 f"ranks never checked in within {self.settings.start_timeout_s:.0f}s "
-                f"({len(outcome.ranks_seen)} of {self.expected} did)",
+                f"({len(ranks_seen)} of {self.expected} did)",
                 1,
                 tuple(self.launcher_tail),
             )
-        now_wall = time.time()
         for agent in self.server.agents():
-            if agent.exited:
+            age = agent.progress_age_now(now)
+            if agent.exited or age is None or age <= self.settings.stuck_timeout_s:
                 continue
-            last_progress = agent.step_time or agent.last_output
-            if last_progress and now_wall - last_progress > self.settings.stuck_timeout_s:
-                at = f" at step {agent.step}" if agent.step is not None else ""
-                return RankFailure(
-                    agent.host,
-                    agent.rank,
-                    f"is stuck{at}: no progress for {now_wall - last_progress:.0f}s "
-                    f"(GAUDI_CLUSTER_STUCK_TIMEOUT={self.settings.stuck_timeout_s:.0f})",
-                    1,
-                )
+            at = f" at step {agent.step}" if agent.step is not None else ""
+            return RankFailure(
+                agent.host,
+                agent.rank,
+                f"is stuck{at}: no progress for {age:.0f}s "
+                f"(GAUDI_CLUSTER_STUCK_TIMEOUT={self.settings.stuck_timeout_s:.0f})",
+                1,
+            )
         return None
 
     def _teardown(self, outcome: JobOutcome) -> None:
-        graceful = outcome.stopped_by_signal is not None
-        if outcome.failure is None and not graceful:
+        if outcome.state is JobState.SUCCEEDED:
             self._wait_launcher(30)
             return
         if outcome.failure is not None:
             self._print("gaudi-cluster: " + outcome.failure.summary(self.job_id))
+        graceful = outcome.state is JobState.STOPPED
         grace = self.settings.stop_grace_s if graceful else self.settings.failure_grace_s
         self.server.stop_all(grace)
         deadline = self.clock() + grace + 3
@@ -256,9 +220,7 @@ class Supervisor:
             with contextlib.suppress(queue.Empty):
                 event = self.server.events.get(timeout=0.2)
                 if event.kind in ("exit", "lost"):
-                    for agent in self.server.agents():
-                        if agent.rank == event.rank:
-                            agent.exited = True
+                    self.server.mark_exited(event.rank)
         self._kill_launcher()
 
     def _wait_launcher(self, timeout_s: float) -> None:
@@ -269,13 +231,8 @@ class Supervisor:
             self._kill_launcher()
 
     def _kill_launcher(self) -> None:
-        assert self.launcher is not None
-        if self.launcher.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.launcher.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.launcher.wait(timeout=2)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.launcher.pid, signal.SIGKILL)
+        launcher = self.launcher
+        assert launcher is not None
+        procgroup.terminate(launcher.pid, 2.0, done=lambda: launcher.poll() is not None)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            self.launcher.wait(timeout=2)
+            launcher.wait(timeout=2)

@@ -4,7 +4,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gaudi_cluster.localcluster import LocalCluster
+from gaudi_cluster_dev.localcluster import LocalCluster
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 USER_DIR = Path(__file__).resolve().parent / "user"

@@ -18,7 +18,7 @@ USER_SCRIPT = "/workspace/user/allreduce.py"
 @pytest.fixture(scope="module")
 def held(request, image, cluster_keys, tmp_path_factory):
     """A master that prepared the cluster and stays up, so every case is one `docker exec`."""
-    from gaudi_cluster.localcluster import LocalCluster
+    from gaudi_cluster_dev.localcluster import LocalCluster
 
     cluster = LocalCluster(
         image=image,

@@ -8,7 +8,7 @@ import subprocess
 import time
 
 import pytest
-from gaudi_cluster.localcluster import docker
+from gaudi_cluster_dev.localcluster import docker
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -63,7 +63,7 @@ def job_processes(cluster, name: str) -> list[str]:
     return [
         line
         for line in done.stdout.splitlines()
-        if "gaudi_cluster.rank" in line
+        if "gaudi_cluster.agent" in line
         or "run_clm" in line
         or "deepspeed.launcher" in line
         or "allreduce" in line

@@ -1,54 +1,24 @@
-"""Fixtures for the cpu image tests: a real Docker engine, the built image, a test key, containers.
+"""Fixtures for the cpu image tests: containers of the image (the image and the key come from
+tests/conftest.py; no engine, or no image, fails the tests loudly: they never skip).
 
-The image tag comes from GAUDI_CLUSTER_IMAGE (default gaudi-cluster:cpu; `make test-image` builds it).
-No engine, or no image, fails the tests loudly: they never skip.
 Every container and network carries the label gaudi-cluster.test=<session id> and is removed in a
 finalizer, even when a test fails; the logs of the session's containers are printed on failure.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import testinfra
-from image_helpers import ROOT, SSH_DIR, Containers, docker, health, wait_until
+
+from tests.support.docker import SSH_DIR, Containers, docker, health, wait_until
 
 
 @pytest.fixture(scope="session")
-def image() -> str:
-    """The image under test; fails (never skips) without an engine or the image."""
-    tag = os.environ.get("GAUDI_CLUSTER_IMAGE", "gaudi-cluster:cpu")
-    if shutil.which("docker") is None:
-        pytest.fail("the docker CLI is not installed; the image tests need a Docker engine")
-    try:
-        info = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=30, check=False)
-    except subprocess.TimeoutExpired:
-        pytest.fail("`docker info` timed out: no Docker engine answers")
-    if info.returncode != 0:
-        pytest.fail(f"no Docker engine answers (`docker info` failed): {info.stderr.strip()}")
-    if docker("image", "inspect", tag, check=False).returncode != 0:
-        pytest.fail(f"image {tag} not found; fix: make image-cpu (or set GAUDI_CLUSTER_IMAGE)")
-    return tag
-
-
-@pytest.fixture(scope="session")
-def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A cluster key pair made by scripts/make-keys.sh (dir 0700, private 0600)."""
-    path = tmp_path_factory.mktemp("keys") / "keys"
-    subprocess.run(
-        ["bash", str(ROOT / "scripts" / "make-keys.sh"), str(path)], check=True, capture_output=True
-    )
-    return path
-
-
-@pytest.fixture(scope="session")
-def containers(request: pytest.FixtureRequest, image: str, keys: Path) -> Iterator[Containers]:
-    pool = Containers(image, keys)
+def containers(request: pytest.FixtureRequest, image: str, cluster_keys: Path) -> Iterator[Containers]:
+    pool = Containers(image, cluster_keys)
     request.addfinalizer(lambda: pool.remove_all(show_logs=request.session.testsfailed > 0))
     yield pool
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 from gaudi_cluster.ssh import KEX_ALGORITHMS
-from image_helpers import (
+
+from tests.support.docker import (
     SSH_DIR,
     Containers,
     docker,
@@ -349,8 +350,8 @@ def test_unknown_command_passes_through(image):
     assert out.stdout == "ok\n"
 
 
-def test_unknown_role_env_exits_2(image, keys):
-    out = run_once(image, env={"GAUDI_CLUSTER_ROLE": "boss"}, mounts=[f"{keys}:{SSH_DIR}:ro"])
+def test_unknown_role_env_exits_2(image, cluster_keys):
+    out = run_once(image, env={"GAUDI_CLUSTER_ROLE": "boss"}, mounts=[f"{cluster_keys}:{SSH_DIR}:ro"])
     assert out.returncode == 2
     assert "GAUDI_CLUSTER_ROLE='boss'" in out.stderr
     assert "master | worker" in out.stderr
@@ -369,17 +370,17 @@ def test_worker_without_keys_fails_clearly(image):
     assert "make keys" in out.stderr
 
 
-def test_master_without_private_key_fails(image, tmp_path, keys):
-    shutil.copy(keys / "id_ed25519.pub", tmp_path / "id_ed25519.pub")
+def test_master_without_private_key_fails(image, tmp_path, cluster_keys):
+    shutil.copy(cluster_keys / "id_ed25519.pub", tmp_path / "id_ed25519.pub")
     out = run_once(image, "master", mounts=[f"{tmp_path}:{SSH_DIR}:ro"])
     assert out.returncode == 2
     assert f"no private key at {SSH_DIR}/id_ed25519" in out.stderr
 
 
 @pytest.mark.parametrize("role", ["master", "worker"])
-def test_world_readable_private_key_refused(image, tmp_path, keys, role):
+def test_world_readable_private_key_refused(image, tmp_path, cluster_keys, role):
     for name in ("id_ed25519", "id_ed25519.pub"):
-        shutil.copy(keys / name, tmp_path / name)
+        shutil.copy(cluster_keys / name, tmp_path / name)
     (tmp_path / "id_ed25519").chmod(0o644)
     out = run_once(image, role, mounts=[f"{tmp_path}:{SSH_DIR}:ro"])
     assert out.returncode == 2
@@ -395,8 +396,10 @@ def test_not_a_public_key_refused(image, tmp_path: Path):
 
 
 @pytest.mark.parametrize("port", ["0", "70000", "ssh", "-1"])
-def test_bad_port_refused(image, keys, port):
-    out = run_once(image, "worker", env={"GAUDI_CLUSTER_SSH_PORT": port}, mounts=[f"{keys}:{SSH_DIR}:ro"])
+def test_bad_port_refused(image, cluster_keys, port):
+    out = run_once(
+        image, "worker", env={"GAUDI_CLUSTER_SSH_PORT": port}, mounts=[f"{cluster_keys}:{SSH_DIR}:ro"]
+    )
     assert out.returncode == 2
     assert f"GAUDI_CLUSTER_SSH_PORT='{port}' is not a TCP port" in out.stderr
 

@@ -2,19 +2,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
-from gaudi_cluster.compat import (
-    DistributedRunner,
-    SpawnRequest,
-    command_from_list,
-    parse_gaudi_spawn_args,
-    spawn_main,
-)
+from gaudi_cluster.compat import SpawnRequest, command_from_list, parse_gaudi_spawn_args
 from gaudi_cluster.errors import ConfigError
 from gaudi_cluster.hostfile import parse_hostfile
+from gaudi_cluster.spawn import DistributedRunner, spawn_main
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -152,20 +146,22 @@ def test_command_from_list_errors(cmds, match):
         command_from_list(cmds)
 
 
+class RecordingRunner:
+    """Stands in for the launch: records each request and answers with the queued exit codes."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[SpawnRequest, bool]] = []
+        self.codes: list[int | None] = []
+
+    def __call__(self, request: SpawnRequest, dry_run: bool) -> int | None:
+        self.calls.append((request, dry_run))
+        return self.codes.pop(0) if self.codes else 0
+
+
 @pytest.fixture
 def fake_launch(monkeypatch):
-    calls: list[tuple[SpawnRequest, bool]] = []
-    codes: list[int | None] = []
-    module = types.ModuleType("gaudi_cluster.launch")
-
-    def run_spawn(request, *, dry_run=False):
-        calls.append((request, dry_run))
-        return codes.pop(0) if codes else 0
-
-    module.run_spawn = run_spawn
-    monkeypatch.setitem(sys.modules, "gaudi_cluster.launch", module)
     monkeypatch.chdir(REPO)
-    return calls, codes
+    return RecordingRunner()
 
 
 @pytest.fixture
@@ -177,9 +173,9 @@ def scripts(tmp_path, monkeypatch):
 
 
 def test_runner_runs_in_order_and_returns_zero(fake_launch, scripts, monkeypatch):
-    calls, _ = fake_launch
+    calls = fake_launch.calls
     monkeypatch.chdir(scripts)
-    code = DistributedRunner(["train.py --a 1", "eval.py"], world_size=8, use_mpi=True).run()
+    code = DistributedRunner(["train.py --a 1", "eval.py"], world_size=8, use_mpi=True, run=fake_launch).run()
     assert code == 0
     assert [(r.script, r.script_args, r.world_size, r.use_mpi) for r, _ in calls] == [
         ("train.py", ("--a", "1"), 8, True),
@@ -188,22 +184,21 @@ def test_runner_runs_in_order_and_returns_zero(fake_launch, scripts, monkeypatch
 
 
 def test_runner_stops_at_first_failure(fake_launch, scripts, monkeypatch):
-    calls, codes = fake_launch
+    calls, codes = fake_launch.calls, fake_launch.codes
     codes.extend([0, 3, 0])
     monkeypatch.chdir(scripts)
-    assert DistributedRunner(["train.py", "eval.py", "third.py"]).run() == 3
+    assert DistributedRunner(["train.py", "eval.py", "third.py"], run=fake_launch).run() == 3
     assert [r.script for r, _ in calls] == ["train.py", "eval.py"]
 
 
 def test_runner_none_from_launcher_is_zero(fake_launch, scripts, monkeypatch):
-    _, codes = fake_launch
-    codes.append(None)
+    fake_launch.codes.append(None)
     monkeypatch.chdir(scripts)
-    assert DistributedRunner(["train.py"]).run() == 0
+    assert DistributedRunner(["train.py"], run=fake_launch).run() == 0
 
 
 def test_runner_hostfile_and_options(fake_launch, scripts, monkeypatch):
-    calls, _ = fake_launch
+    calls = fake_launch.calls
     monkeypatch.chdir(scripts)
     code = DistributedRunner(
         ["train.py"],
@@ -212,6 +207,7 @@ def test_runner_hostfile_and_options(fake_launch, scripts, monkeypatch):
         master_port=29700,
         use_env=True,
         map_by="slot",
+        run=fake_launch,
     ).run()
     assert code == 0
     req = calls[0][0]
@@ -225,9 +221,9 @@ def test_runner_hostfile_and_options(fake_launch, scripts, monkeypatch):
 
 
 def test_runner_dry_run_passed(fake_launch, scripts, monkeypatch):
-    calls, _ = fake_launch
+    calls = fake_launch.calls
     monkeypatch.chdir(scripts)
-    DistributedRunner(["train.py"], dry_run=True).run()
+    DistributedRunner(["train.py"], dry_run=True, run=fake_launch).run()
     assert calls[0][1] is True
 
 
@@ -249,15 +245,15 @@ def test_runner_multi_hls_deprecated():
 
 
 def test_runner_default_command_list_runs_nothing(fake_launch):
-    assert DistributedRunner().run() == 0
-    assert fake_launch[0] == []
+    assert DistributedRunner(run=fake_launch).run() == 0
+    assert fake_launch.calls == []
 
 
 def test_spawn_main(fake_launch, scripts, monkeypatch):
-    calls, codes = fake_launch
+    calls, codes = fake_launch.calls, fake_launch.codes
     codes.append(7)
     monkeypatch.chdir(scripts)
-    assert spawn_main(["--world_size", "2", "--use_mpi", "train.py", "x"], dry_run=True) == 7
+    assert spawn_main(["--world_size", "2", "--use_mpi", "train.py", "x"], dry_run=True, run=fake_launch) == 7
     assert calls[0][0].script_args == ("x",) and calls[0][1] is True
 
 

@@ -16,7 +16,6 @@ from gaudi_cluster.discovery import (
     peers_from_mpi_operator,
     peers_from_slurm,
     peers_from_static,
-    resolve_all,
     wait_for_peers,
 )
 from gaudi_cluster.errors import ClusterNotReady, ConfigError
@@ -235,16 +234,6 @@ def test_discover_once_no_source_lists_options():
 def test_describe_source():
     assert describe_source(DiscoverySpec(dns="worker")) == "DNS name 'worker'"
     assert describe_source(DiscoverySpec(peers="a")) == "static peer list"
-
-
-def test_resolve_all_splits():
-    def resolve(name):
-        if name == "down":
-            raise socket.gaierror(socket.EAI_NONAME, "unknown")
-        return [] if name == "empty" else ["10.0.0.1"]
-
-    peers = [Peer("up", 2), Peer("down"), Peer("empty")]
-    assert resolve_all(peers, resolve) == ([Peer("up", 2)], [Peer("down"), Peer("empty")])
 
 
 class FakeClock:

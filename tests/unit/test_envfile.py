@@ -18,7 +18,7 @@ from gaudi_cluster.errors import ConfigError
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.unit.ds_reference import ds_exports_from_env_file, make_printer, run_remote
+from tests.support.ds_reference import ds_exports_from_env_file, make_printer, run_remote
 
 MASTER_ENV = {
     "HCCL_COMM_ID": "10.0.0.1:9696",
@@ -64,9 +64,6 @@ def test_allow_list_from_environ():
     assert ef.as_dict() == {
         "DS_ACCELERATOR": "hpu",
         "FI_PROVIDER": "efa",
-        "GAUDI_CLUSTER_CONTROL": "10.0.0.1:29400",
-        "GAUDI_CLUSTER_JOB_ID": "j1",
-        "GAUDI_CLUSTER_PROGRESS_DIR": "/run/gaudi-cluster/jobs/j1",
         "GC_KERNEL_PATH": "/usr/lib/habanalabs/libtpc_kernels.so",
         "HABANA_LOGS": "/var/log/habana_logs/",
         "HCCL_COMM_ID": "10.0.0.1:9696",

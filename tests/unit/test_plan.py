@@ -9,18 +9,25 @@ import pytest
 from gaudi_cluster.errors import ConfigError
 from gaudi_cluster.hostfile import HostEntry, Hostfile
 from gaudi_cluster.plan import (
+    AgentSettings,
     LaunchPlan,
+    PlanInputs,
     deepspeed_plan,
     mpirun_plan,
+    plan_for,
     quote_for_pdsh,
     rank_command,
     render_shell,
     torchrun_plan,
 )
 
-from tests.unit import ds_reference as ds
+from tests.support import ds_reference as ds
 
 PY = "/opt/venv/bin/python"
+AGENT = AgentSettings(
+    job_id="j1", job_root="/run/gaudi-cluster/jobs", heartbeat_timeout_s=10.0, control="10.0.0.1:29400"
+)
+AGENT_ARGS = ("--job-id", "j1", "--job-root", "/run/gaudi-cluster/jobs", "--heartbeat-timeout", "10")
 PROGRAM = [PY, "-u", "/opt/gaudi-cluster/app/train/run_clm.py", "--flag", "value with space"]
 HARD_ARGS = [
     "value with space",
@@ -61,33 +68,25 @@ def ds_kwargs(**over):
         program=PROGRAM,
         python=PY,
         ssh_config_path="/run/gaudi-cluster/jobs/j1/ssh_config",
-        job_id="j1",
-        control="10.0.0.1:29400",
+        agent=AGENT,
     )
     base.update(over)
     return base
 
 
 def test_rank_command_golden():
-    assert rank_command("j1", "10.0.0.1:29400", ["prog", "a"], PY) == [
-        PY, "-u", "-m", "gaudi_cluster.rank",
-        "--job-id", "j1", "--control", "10.0.0.1:29400", "--", "prog", "a",
+    assert rank_command(AGENT, ["prog", "a"], PY) == [
+        PY, "-u", "-m", "gaudi_cluster.agent", *AGENT_ARGS, "--control", "10.0.0.1:29400", "--", "prog", "a",
     ]  # fmt: skip
-    assert rank_command("j1", None, ["prog"], PY) == [
-        PY,
-        "-u",
-        "-m",
-        "gaudi_cluster.rank",
-        "--job-id",
-        "j1",
-        "--",
-        "prog",
-    ]
+    unsupervised = AgentSettings("j1", "/run/gaudi-cluster/jobs", 10.0, None)
+    assert rank_command(unsupervised, ["prog"], PY) == [
+        PY, "-u", "-m", "gaudi_cluster.agent", *AGENT_ARGS, "--", "prog",
+    ]  # fmt: skip
 
 
 def test_rank_command_needs_program():
     with pytest.raises(ConfigError, match="no program"):
-        rank_command("j1", None, [], PY)
+        rank_command(AGENT, [], PY)
 
 
 def test_deepspeed_plan_golden():
@@ -97,8 +96,8 @@ def test_deepspeed_plan_golden():
         PY, "-m", "deepspeed.launcher.runner",
         "--hostfile", "/run/gaudi-cluster/jobs/j1/hostfile",
         "--master_addr", "10.0.0.1", "--master_port", "29500", "--ssh_port", "3022",
-        "--no_ssh_check", "--no_local_rank", "--force_multi", "--module", "gaudi_cluster.rank",
-        "--job-id", "j1", "--control", "10.0.0.1:29400", "--",
+        "--no_ssh_check", "--no_local_rank", "--force_multi", "--module", "gaudi_cluster.agent",
+        *AGENT_ARGS, "--control", "10.0.0.1:29400", "--",
         PY, "-u", "/opt/gaudi-cluster/app/train/run_clm.py", "--flag", "value with space",
     )  # fmt: skip
     assert dict(plan.env) == {
@@ -108,9 +107,10 @@ def test_deepspeed_plan_golden():
 
 
 def test_deepspeed_plan_without_ssh_config_or_control():
-    plan = deepspeed_plan(**ds_kwargs(ssh_config_path=None, control=None, program=["p"]))
+    unsupervised = AgentSettings("j1", "/run/gaudi-cluster/jobs", 10.0, None)
+    plan = deepspeed_plan(**ds_kwargs(ssh_config_path=None, agent=unsupervised, program=["p"]))
     assert dict(plan.env) == {"DS_ENV_FILE": "/run/gaudi-cluster/jobs/j1/deepspeed_env"}
-    assert plan.argv[-5:] == ("gaudi_cluster.rank", "--job-id", "j1", "--", "p")
+    assert plan.argv[-9:] == ("gaudi_cluster.agent", *AGENT_ARGS, "--", "p")
 
 
 def test_deepspeed_plan_no_agent_uses_no_python():
@@ -161,8 +161,8 @@ def test_runner_argparse_keeps_agent_args_and_double_dash():
     plan = deepspeed_plan(**ds_kwargs(program=["p", "--", "--help", "-h"]))
     ns = _ds_runner_parser().parse_args(list(plan.argv[3:]))
     assert ns.module and ns.force_multi and ns.no_local_rank
-    assert ns.user_script == "gaudi_cluster.rank"
-    assert ns.user_args == ["--job-id", "j1", "--control", "10.0.0.1:29400", "--", "p", "--", "--help", "-h"]
+    assert ns.user_script == "gaudi_cluster.agent"
+    assert ns.user_args == [*AGENT_ARGS, "--control", "10.0.0.1:29400", "--", "p", "--", "--help", "-h"]
 
 
 def test_quote_for_pdsh_each_arg_survives(tmp_path):
@@ -193,7 +193,7 @@ def test_program_arrives_verbatim_through_deepspeed_pdsh_and_shell(tmp_path):
     argv = out["argv"]
     assert argv[:5] == ["-u", "-m", "deepspeed.launcher.launch", "--world_info=e30=", "--node_rank=1"]
     tail = argv[argv.index("--no_local_rank") + 1 :]
-    assert tail == rank_command("j1", "10.0.0.1:29400", program, PY)[3:]
+    assert tail == rank_command(AGENT, program, PY)[3:]
 
 
 @pytest.mark.skipif(not ds.pdsh_available(), reason="pdsh not installed")
@@ -225,7 +225,7 @@ def test_program_arrives_verbatim_through_real_pdsh(tmp_path):
     # pdsh prefixes every output line with "host: "; the JSON is on one line.
     argv = json.loads(done.stdout.split(": ", 1)[1])["argv"]
     assert argv[argv.index("--node_rank=0")] == "--node_rank=0"
-    assert argv[argv.index("--no_local_rank") + 1 :] == rank_command("j1", "10.0.0.1:29400", program, PY)[3:]
+    assert argv[argv.index("--no_local_rank") + 1 :] == rank_command(AGENT, program, PY)[3:]
 
 
 def test_quoting_matches_installed_deepspeed_or_model():
@@ -247,8 +247,7 @@ def mpi_kwargs(**over):
         env={"HCCL_OVER_OFI": "1", "A": "x y", "MASTER_ADDR": "ignored"},
         program=["prog", "a b"],
         python=PY,
-        job_id="j1",
-        control="10.0.0.1:29400",
+        agent=AGENT,
         mpi_root=None,
         openmpi_major=4,
     )
@@ -260,9 +259,8 @@ RANK_TAIL = (
     PY,
     "-u",
     "-m",
-    "gaudi_cluster.rank",
-    "--job-id",
-    "j1",
+    "gaudi_cluster.agent",
+    *AGENT_ARGS,
     "--control",
     "10.0.0.1:29400",
     "--",
@@ -308,18 +306,17 @@ def test_torchrun_plan_golden():
         master_port=29501,
         program=["prog", "a b"],
         python=PY,
-        job_id="j1",
-        control="10.0.0.1:29400",
+        agent=AGENT,
     )
     assert plan.launcher == "torchrun"
     assert plan.argv == (
         PY, "-m", "torch.distributed.run", "--nnodes", "1", "--node_rank", "0", "--nproc_per_node", "8",
         "--master_addr", "127.0.0.1", "--master_port", "29501",
-        "--module", "gaudi_cluster.rank",
-        "--job-id", "j1", "--control", "10.0.0.1:29400", "--", "prog", "a b",
+        "--module", "gaudi_cluster.agent",
+        *AGENT_ARGS, "--control", "10.0.0.1:29400", "--", "prog", "a b",
     )  # fmt: skip
     with pytest.raises(ConfigError):
-        torchrun_plan(nproc_per_node=0, master_port=1, program=["p"], python=PY, job_id="j", control=None)
+        torchrun_plan(nproc_per_node=0, master_port=1, program=["p"], python=PY, agent=AGENT)
 
 
 def test_render_shell_round_trips_through_sh():
@@ -333,3 +330,26 @@ def test_launch_plan_env_is_read_only():
     plan = LaunchPlan(("p",), {"A": "1"}, "x")
     with pytest.raises(TypeError):
         plan.env["B"] = "2"  # type: ignore[index]
+
+
+def test_plan_for_picks_one_launcher_class_per_name():
+    inputs = PlanInputs(
+        hostfile=hostfile2(),
+        hostfile_path="/j/hostfile",
+        env={"A": "1"},
+        env_path="/j/deepspeed_env",
+        ssh_config_path="/j/ssh_config",
+        ssh_port=3022,
+        master_addr="10.0.0.1",
+        master_port=29500,
+        program=("prog",),
+        python=PY,
+        agent=AGENT,
+    )
+    assert plan_for("deepspeed", inputs).argv[:3] == (PY, "-m", "deepspeed.launcher.runner")
+    assert dict(plan_for("deepspeed", inputs).env)["A"] == "1"
+    assert plan_for("mpirun", inputs).argv[:2] == ("mpirun", "--allow-run-as-root")
+    with pytest.raises(ConfigError, match="one node only"):
+        plan_for("torchrun", inputs)
+    with pytest.raises(ConfigError, match="unknown"):
+        plan_for("srun", inputs)

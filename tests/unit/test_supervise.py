@@ -17,35 +17,29 @@ import time
 from pathlib import Path
 
 import psutil
-import pytest
 from gaudi_cluster.control import ControlServer
 from gaudi_cluster.plan import LaunchPlan
 from gaudi_cluster.supervise import Supervisor, SupervisorSettings
 
+from tests.support.ports import free_port
+
 HOST = socket.gethostname()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launcher_for(job_id: str, port: int, programs: list[str]) -> LaunchPlan:
+def launcher_for(job_id: str, port: int, programs: list[str], job_root: Path) -> LaunchPlan:
     """bash that starts one rank agent per program with RANK set, like launch.py does."""
     agents = []
     for rank, program in enumerate(programs):
         agents.append(
             f"RANK={rank} LOCAL_RANK={rank} WORLD_SIZE={len(programs)} "
-            f"{sys.executable} -u -m gaudi_cluster.rank "
-            f"--job-id {job_id} --control 127.0.0.1:{port} -- bash -c {program!r} &"
+            f"{sys.executable} -u -m gaudi_cluster.agent --job-id {job_id} --job-root {job_root} "
+            f"--heartbeat-timeout 5 --control 127.0.0.1:{port} -- bash -c {program!r} &"
         )
     script = " ".join(agents) + " wait"
     return LaunchPlan(argv=("bash", "-c", script), env={}, launcher="test")
 
 
 def supervise(tmp_path: Path, programs: list[str], **settings: float):
-    os.environ["GAUDI_CLUSTER_JOB_ROOT"] = str(tmp_path / "jobs")
     job_id = "job-" + str(time.monotonic_ns())
     port = free_port()
     server = ControlServer("127.0.0.1", port, job_id, heartbeat_timeout_s=settings.pop("heartbeat", 5.0))
@@ -53,7 +47,7 @@ def supervise(tmp_path: Path, programs: list[str], **settings: float):
     out = io.StringIO()
     supervisor = Supervisor(
         job_id,
-        launcher_for(job_id, port, programs),
+        launcher_for(job_id, port, programs, tmp_path / "jobs"),
         server,
         {HOST: len(programs)},
         SupervisorSettings(start_timeout_s=20, stuck_timeout_s=settings.pop("stuck", 60), stop_grace_s=3),
@@ -111,14 +105,15 @@ def test_sigterm_to_master_stops_job_with_143(tmp_path):
     timer = threading.Timer(2.0, lambda: os.kill(os.getpid(), signal.SIGTERM))
     previous = signal.getsignal(signal.SIGTERM)
     try:
-        os.environ["GAUDI_CLUSTER_JOB_ROOT"] = str(tmp_path / "jobs")
         job_id = "term-job"
         port = free_port()
         server = ControlServer("127.0.0.1", port, job_id, heartbeat_timeout_s=5)
         server.start()
         supervisor = Supervisor(
             job_id,
-            launcher_for(job_id, port, [f"exec -a {marker} sleep 60", f"exec -a {marker} sleep 60"]),
+            launcher_for(
+                job_id, port, [f"exec -a {marker} sleep 60", f"exec -a {marker} sleep 60"], tmp_path / "jobs"
+            ),
             server,
             {HOST: 2},
             SupervisorSettings(start_timeout_s=20, stop_grace_s=3),
@@ -145,9 +140,11 @@ def test_rank_dies_with_its_master(tmp_path):
         [
             sys.executable,
             "-m",
-            "gaudi_cluster.rank",
+            "gaudi_cluster.agent",
             "--job-id",
             "orphan-job",
+            "--heartbeat-timeout",
+            "5",
             "--control",
             f"127.0.0.1:{port}",
             "--job-root",
@@ -174,9 +171,11 @@ def test_agent_refuses_to_run_unsupervised(tmp_path):
         [
             sys.executable,
             "-m",
-            "gaudi_cluster.rank",
+            "gaudi_cluster.agent",
             "--job-id",
             "x",
+            "--heartbeat-timeout",
+            "5",
             "--control",
             f"127.0.0.1:{port}",
             "--job-root",
@@ -196,16 +195,6 @@ def test_agent_refuses_to_run_unsupervised(tmp_path):
     assert done.returncode == 1
     assert "cannot reach the master's control channel" in done.stdout
     assert not (tmp_path / "ran").exists()
-
-
-@pytest.fixture(autouse=True)
-def _restore_env():
-    saved = os.environ.get("GAUDI_CLUSTER_JOB_ROOT")
-    yield
-    if saved is None:
-        os.environ.pop("GAUDI_CLUSTER_JOB_ROOT", None)
-    else:
-        os.environ["GAUDI_CLUSTER_JOB_ROOT"] = saved
 
 
 def test_control_port_is_free_again_right_after_close():

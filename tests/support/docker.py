@@ -1,4 +1,4 @@
-"""Helpers shared by the cpu image tests (docker CLI wrappers, polling, the lock)."""
+"""Docker CLI wrappers for the tests: labelled containers, polling with deadlines, the image lock."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The rank agent: runs one rank's program on its node and keeps the master informed.
 
-Every launcher (deepspeed, mpirun, torchrun) starts `python -m gaudi_cluster.rank ... -- PROGRAM`
+Every launcher (deepspeed, mpirun, torchrun) starts `python -m gaudi_cluster.agent ... -- PROGRAM`
 once per rank. The agent gives the program its own process group (so this job's processes can be
 stopped without touching anyone else's), records a pid file under the job's directory, prefixes
 each output line with "[host rank N]", keeps the last lines for the failure report, and talks to
@@ -21,15 +21,20 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from gaudi_cluster import procgroup
 from gaudi_cluster.control import BEAT_INTERVAL_S, Channel, connect
 
 TAIL_LINES = 30
+# A master gone silent or away leaves nothing to save for: the rank gets a short grace only.
+ORPHAN_GRACE_S = 5.0
+# SIGTERM/SIGINT to the agent itself (e.g. from deepspeed's launch.py on Ctrl-C) is a stop to save.
+SIGNAL_GRACE_S = 15.0
 
 
-def rank_identity(environ: dict[str, str]) -> tuple[int, int, int, int]:
+def rank_identity(environ: Mapping[str, str]) -> tuple[int, int, int, int]:
     """(rank, local_rank, world_size, local_world_size) from torch/deepspeed or OpenMPI variables."""
 
     def first(*names: str, default: int) -> int:
@@ -79,7 +84,7 @@ class RankAgent:
         self.log_path = self.job_dir / f"rank{self.rank}.log"
         self.prefix = f"[{self.host} rank {self.rank}] ".encode()
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-        self.last_output = time.time()
+        self.last_output = time.monotonic()
         self.last_beat = time.monotonic()
         self.stop_reason: str | None = None
         self.child: subprocess.Popen[bytes] | None = None
@@ -102,21 +107,14 @@ class RankAgent:
         self.pid_file.write_text(f"{self.child.pid} {os.getpid()}\n")
 
     def stop_child(self, reason: str, grace_s: float) -> None:
-        """SIGTERM the rank's whole process group, SIGKILL whatever is left after grace_s."""
+        """Stop the rank's whole process group (once), with grace_s to save and exit."""
         with self._stop_lock:
             if self.stop_reason is not None or self.child is None:
                 return
             self.stop_reason = reason
         self.say(f"stopping rank: {reason}")
         child = self.child
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while child.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        # The group may outlive its leader (dataloader workers): kill it either way.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signal.SIGKILL)
+        procgroup.terminate(child.pid, grace_s, done=lambda: child.poll() is not None)
 
     # --- output ---------------------------------------------------------------------------------
 
@@ -142,7 +140,7 @@ class RankAgent:
         assert self.child is not None and self.child.stdout is not None
         pending = b""
         for chunk in iter(lambda: self.child.stdout.read1(65536), b""):  # type: ignore[union-attr]
-            self.last_output = time.time()
+            self.last_output = time.monotonic()
             pending += chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
             *lines, pending = pending.split(b"\n")
             for line in lines:
@@ -152,12 +150,16 @@ class RankAgent:
 
     # --- control channel ------------------------------------------------------------------------
 
-    def _progress(self) -> tuple[int | None, float | None]:
+    def progress(self) -> tuple[int | None, float]:
+        """(last step, seconds since the rank last made progress), measured on this node only.
+
+        A rank that reports steps is judged by them; one that does not (any user script) by its output.
+        """
         try:
             data = json.loads(self.progress_file.read_text())
-            return int(data.get("step")), float(data.get("t"))
-        except (OSError, ValueError, TypeError):
-            return None, None
+            return int(data["step"]), max(0.0, time.time() - float(data["t"]))
+        except (OSError, ValueError, TypeError, KeyError):
+            return None, time.monotonic() - self.last_output
 
     def listen(self) -> None:
         assert self.channel is not None
@@ -166,7 +168,7 @@ class RankAgent:
             if message is None:
                 if self.child is not None and self.child.poll() is None:
                     self.stop_child(
-                        "the master closed the control channel (master stopped or lost)", grace_s=5
+                        "the master closed the control channel (master stopped or lost)", ORPHAN_GRACE_S
                     )
                 return
             self.last_beat = time.monotonic()
@@ -177,13 +179,11 @@ class RankAgent:
     def beat(self) -> None:
         assert self.channel is not None and self.child is not None
         while self.child.poll() is None:
-            step, step_time = self._progress()
-            self.channel.send(
-                {"type": "beat", "step": step, "step_time": step_time, "last_output": self.last_output}
-            )
+            step, age = self.progress()
+            self.channel.send({"type": "beat", "step": step, "progress_age": round(age, 3)})
             silent_for = time.monotonic() - self.last_beat
             if silent_for > self.heartbeat_timeout_s:
-                self.stop_child(f"no heartbeat from the master for {silent_for:.0f}s", grace_s=5)
+                self.stop_child(f"no heartbeat from the master for {silent_for:.0f}s", ORPHAN_GRACE_S)
                 return
             time.sleep(BEAT_INTERVAL_S)
 
@@ -251,7 +251,7 @@ class RankAgent:
             received.append(signum)
             threading.Thread(
                 target=self.stop_child,
-                args=(f"agent received {signal.Signals(signum).name}", 15),
+                args=(f"agent received {signal.Signals(signum).name}", SIGNAL_GRACE_S),
                 daemon=True,
             ).start()
 
@@ -261,16 +261,14 @@ class RankAgent:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gaudi_cluster.rank", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m gaudi_cluster.agent", description=(__doc__ or "").splitlines()[0], allow_abbrev=False
+    )
     parser.add_argument("--job-id", required=True)
     parser.add_argument("--control", help="HOST:PORT of the master's control channel")
+    parser.add_argument("--job-root", required=True, type=Path, help="where this node keeps per-job state")
     parser.add_argument(
-        "--job-root", default=os.environ.get("GAUDI_CLUSTER_JOB_ROOT", "/run/gaudi-cluster/jobs")
-    )
-    parser.add_argument(
-        "--heartbeat-timeout",
-        type=float,
-        default=float(os.environ.get("GAUDI_CLUSTER_HEARTBEAT_TIMEOUT", "10")),
+        "--heartbeat-timeout", required=True, type=float, help="seconds of silence before the master is lost"
     )
     parser.add_argument(
         "--connect-timeout",
@@ -284,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not program:
         parser.error("no program given after --")
     agent = RankAgent(
-        args.job_id, program, args.control, Path(args.job_root), args.heartbeat_timeout, args.connect_timeout
+        args.job_id, program, args.control, args.job_root, args.heartbeat_timeout, args.connect_timeout
     )
     return agent.run()
 

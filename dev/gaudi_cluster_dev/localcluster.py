@@ -273,7 +273,7 @@ def demo(image: str, workers: int, output: Path, key_dir: Path) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m gaudi_cluster.localcluster")
+    parser = argparse.ArgumentParser(prog="python -m gaudi_cluster_dev.localcluster")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser(
         "demo", help="train across a local master and workers, evaluate, summarize, tear down"

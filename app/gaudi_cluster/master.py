@@ -1,0 +1,126 @@
+"""The master role, top to bottom: survey -> prepare -> run -> restart policy (or hold).
+
+Each phase lives in its own module (survey, prepare, supervise, outcome); this one only sequences
+them and owns the job's lifetime: the control server, the final line, the clean-up on every node.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import signal
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import TextIO
+
+from gaudi_cluster import plan, ssh
+from gaudi_cluster.config import ClusterConfig
+from gaudi_cluster.control import ControlServer
+from gaudi_cluster.hostfile import render_hostfile
+from gaudi_cluster.outcome import JobOutcome, should_restart
+from gaudi_cluster.prepare import PreparedJob, prepare, print_dry_run, stable_hostfile_path
+from gaudi_cluster.program import program_from_args, resolve_accelerator
+from gaudi_cluster.supervise import Supervisor, SupervisorSettings
+
+log = logging.getLogger("gaudi_cluster.master")
+
+
+def run_master(
+    config: ClusterConfig, job_argv: Sequence[str], environ: Mapping[str, str], out: TextIO
+) -> int:
+    """Prepare and run the job, re-running it up to --max-restarts times after a failure."""
+    log.info("%s", config.describe())
+    program = program_from_args(
+        job_argv, sys.executable, resolve_accelerator(config.accelerator, environ), environ
+    )
+    attempt = 1
+    while True:
+        job = prepare(config, program, environ)
+        if config.dry_run:
+            print_dry_run(job, out)
+            return 0
+        outcome = run_prepared(job, config, out)
+        if not should_restart(outcome, attempt, config.max_restarts):
+            return outcome.exit_code
+        out.write(
+            f"gaudi-cluster: restarting the job from its latest checkpoint "
+            f"(restart {attempt} of {config.max_restarts})\n"
+        )
+        out.flush()
+        attempt += 1
+
+
+def run_prepared(job: PreparedJob, config: ClusterConfig, out: TextIO) -> JobOutcome:
+    """Run one attempt under supervision; whatever it leaves behind is reaped on every node."""
+    server = ControlServer("0.0.0.0", config.control_port, job.job_id, config.heartbeat_timeout)
+    server.start()
+    settings = SupervisorSettings(
+        start_timeout_s=config.start_timeout,
+        stuck_timeout_s=config.stuck_timeout,
+        stop_grace_s=config.stop_grace,
+    )
+    slots = {e.host: e.slots for e in job.hostfile.entries}
+    supervisor = Supervisor(job.job_id, job.plan, server, slots, settings, out)
+    supervisor.install_signal_handlers()
+    log.info(
+        "job %s: %d ranks on %d nodes; launching: %s",
+        job.job_id,
+        job.hostfile.world_size,
+        len(job.hostfile.entries),
+        plan.render_shell(job.plan),
+    )
+    started = time.monotonic()
+    try:
+        outcome = supervisor.run()
+    finally:
+        server.close()
+    if outcome.leaves_processes:
+        reap_everywhere(job, config)
+    else:
+        out.write(
+            f"gaudi-cluster: job {job.job_id} succeeded: {job.hostfile.world_size} ranks on "
+            f"{len(job.hostfile.entries)} nodes in {time.monotonic() - started:.1f}s\n"
+        )
+        out.flush()
+    return outcome
+
+
+def reap_everywhere(job: PreparedJob, config: ClusterConfig) -> None:
+    """Kill whatever is left of this job (by its pid files) on every node still reachable."""
+    if job.ssh_config is None:
+        return
+    cmd = [
+        job.node_python,
+        "-m",
+        "gaudi_cluster",
+        "reap",
+        "--job-id",
+        job.job_id,
+        "--job-root",
+        config.job_root,
+    ]
+    # A dead or cut-off node must not hold the master's exit: its own agents end its ranks anyway.
+    results = ssh.run_on_hosts(job.hostfile.hosts, cmd, job.ssh_config, timeout_s=3, connect_timeout_s=1)
+    for host, result in results.items():
+        if not result.ok:
+            why = ssh.explain_ssh_failure(result, config.ssh_port)
+            log.warning("could not clean up job %s on %s: %s", job.job_id, host, why)
+
+
+def hold(config: ClusterConfig, environ: Mapping[str, str], out: TextIO) -> int:
+    """Prepare the cluster (hostfile, env file) and stay up so users can launch by hand."""
+    program = program_from_args([], sys.executable, resolve_accelerator(config.accelerator, environ), environ)
+    job = prepare(config, program, environ)
+    stable = stable_hostfile_path(config)
+    out.write(
+        f"gaudi-cluster: cluster ready; hostfile at {stable}:\n{render_hostfile(job.hostfile)}"
+        f"run e.g.: gaudi_spawn.py --hostfile {shlex.quote(str(stable))} --use_deepspeed SCRIPT ARGS\n"
+    )
+    out.flush()
+    stop: list[int] = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda s, _f: stop.append(s))
+    while not stop:
+        time.sleep(0.5)
+    return 0

@@ -1,0 +1,166 @@
+"""The second phase of a job: from the node survey to files on disk and a launch plan.
+
+preflight checks (blocking ones stop here) -> hostfile -> .deepspeed_env -> LaunchPlan. In a dry run
+nothing is written; the same values are printed instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from gaudi_cluster import checks, envfile, plan
+from gaudi_cluster.config import ClusterConfig
+from gaudi_cluster.errors import ClusterNotReady
+from gaudi_cluster.hostfile import HostEntry, Hostfile, make_hostfile, render_hostfile
+from gaudi_cluster.program import required_paths, resolve_accelerator
+from gaudi_cluster.survey import NodeSurvey, survey_nodes
+
+log = logging.getLogger("gaudi_cluster.prepare")
+
+# Next to the job directories: the hostfile `gaudi_spawn.py --hostfile` is given on a held cluster.
+STABLE_HOSTFILE = "hostfile"
+
+
+@dataclass(frozen=True)
+class PreparedJob:
+    job_id: str
+    job_dir: Path
+    hostfile: Hostfile
+    env: envfile.EnvFile
+    plan: plan.LaunchPlan
+    accelerator: str
+    ssh_config: Path | None
+    node_python: str
+
+
+def stable_hostfile_path(config: ClusterConfig) -> Path:
+    return Path(config.job_root).parent / STABLE_HOSTFILE
+
+
+def job_env_for(
+    config: ClusterConfig, accelerator: str, survey: NodeSurvey, environ: Mapping[str, str]
+) -> envfile.EnvFile:
+    return envfile.job_env(
+        preset=config.env_preset,
+        accelerator=accelerator,
+        master_report=survey.master_report,
+        environ=environ,
+        socket_ifname=survey.socket_ifname,
+        extra=envfile.extra_env_from_spec(config.env),
+    )
+
+
+def hostfile_for(config: ClusterConfig, survey: NodeSurvey) -> Hostfile:
+    """Slots per node: as requested (peer list, --slots on cpu), else the devices the node detected."""
+    entries = []
+    for host in survey.hosts:
+        report = survey.reports[host]
+        slots = (
+            survey.requested_slots.get(host)
+            or (config.slots if report["accelerator"] == "cpu" else None)
+            or report["slots"]
+        )
+        entries.append(HostEntry(host, int(slots or 1)))
+    return make_hostfile(entries, master=survey.master_addr)
+
+
+def _check_or_stop(config: ClusterConfig, survey: NodeSurvey, env_file: envfile.EnvFile) -> None:
+    findings = checks.check_nodes(
+        survey.reports,
+        {},
+        survey.requested_slots,
+        survey.socket_ifname,
+        env_file.as_dict(),
+        survey.paths,
+    )
+    if config.skip_doctor or config.dry_run:
+        return
+    problems = checks.blocking(findings)
+    if problems:
+        print(checks.render_table(findings), file=sys.stderr)
+        first = problems[0]
+        raise ClusterNotReady(
+            f"preflight failed on {len(problems)} check(s); first: {first.host} {first.check}: "
+            f"{first.detail}; fix: {first.fix}"
+        )
+
+
+def openmpi_major() -> int:
+    """The major version of the mpirun on PATH (4 when it cannot tell: Debian 12's and Habana's)."""
+    try:
+        out = subprocess.run(
+            ["mpirun", "--version"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 4
+    for word in out.split():
+        if word[:1].isdigit() and "." in word:
+            return int(word.split(".")[0])
+    return 4
+
+
+def prepare(config: ClusterConfig, program: Sequence[str], environ: Mapping[str, str]) -> PreparedJob:
+    survey = survey_nodes(config, required_paths(program, os.getcwd()), environ)
+    if survey.unreachable:
+        details = "; ".join(f"{host}: {why}" for host, why in survey.unreachable.items())
+        raise ClusterNotReady(
+            f"{len(survey.unreachable)} of {len(survey.hosts)} nodes failed the ssh probe: {details}"
+        )
+    accelerator = resolve_accelerator(config.accelerator, environ, survey.master_report)
+    env_file = job_env_for(config, accelerator, survey, environ)
+    _check_or_stop(config, survey, env_file)
+    hostfile = hostfile_for(config, survey)
+    hostfile_path = survey.job_dir / "hostfile"
+    env_path = survey.job_dir / "deepspeed_env"
+    if not config.dry_run:
+        hostfile_path.write_text(render_hostfile(hostfile))
+        stable = stable_hostfile_path(config)
+        stable.parent.mkdir(parents=True, exist_ok=True)
+        stable.write_text(render_hostfile(hostfile))
+        env_path.write_text(envfile.render_env_file(env_file))
+        env_path.chmod(0o600)
+    inputs = plan.PlanInputs(
+        hostfile=hostfile,
+        hostfile_path=str(hostfile_path),
+        env=env_file.as_dict(),
+        env_path=str(env_path),
+        ssh_config_path=str(survey.ssh_config) if survey.ssh_config else None,
+        ssh_port=config.ssh_port,
+        master_addr=survey.master_addr,
+        master_port=config.master_port,
+        program=tuple(program),
+        python=sys.executable,
+        agent=plan.AgentSettings(
+            job_id=survey.job_id,
+            job_root=config.job_root,
+            heartbeat_timeout_s=config.heartbeat_timeout,
+            control=f"{survey.local_addr}:{config.control_port}",
+        ),
+        socket_ifname=survey.socket_ifname,
+        mpi_root=environ.get("MPI_ROOT"),
+        openmpi_major=openmpi_major() if config.launcher == "mpirun" else 4,
+    )
+    return PreparedJob(
+        job_id=survey.job_id,
+        job_dir=survey.job_dir,
+        hostfile=hostfile,
+        env=env_file,
+        plan=plan.plan_for(config.launcher, inputs),
+        accelerator=accelerator,
+        ssh_config=survey.ssh_config,
+        node_python=sys.executable,
+    )
+
+
+def print_dry_run(job: PreparedJob, out: TextIO) -> None:
+    out.write(f"# hostfile (not written: dry run)\n{render_hostfile(job.hostfile)}")
+    out.write(f"# env file (not written: dry run)\n{envfile.render_env_file(job.env)}")
+    out.write(f"# command\n{plan.render_shell(job.plan)}\n")
+    out.flush()

@@ -1,0 +1,1 @@
+"""Helpers shared by every test directory (imported as `tests.support.<module>`)."""
