@@ -1,9 +1,13 @@
 """The bundled causal-LM workload of gaudi-cluster (a run_clm-style trainer).
 
-Modules: ``run_clm`` (the script), ``device`` (Gaudi / CUDA / CPU decision), ``data`` (embedded default
-data and tokenizer, dataset loading), ``metrics`` (throughput, MFU, memory, plot), ``checkpoints``
-(atomic checkpoints, resume selection), ``callbacks`` (progress, signals, atomic-checkpoint Trainer),
-``events`` (event lines). Heavy libraries (torch, transformers, datasets) are imported lazily.
+Modules, in the order ``run_clm.main`` uses them: ``command_line`` (argv before parsing: the JSON form,
+config names, added defaults, the multi-host eval refusal), ``device`` (Gaudi / CUDA / CPU decision and
+stack, process group, seed, DeepSpeed refill), ``arguments`` (the argument dataclasses, parsing, checks),
+``checkpoints`` (atomic checkpoints, resume choice), ``model`` (config, tokenizer, model), ``data``
+(embedded default data and tokenizer, dataset loading), ``splits`` (the train/eval blocks of a run),
+``callbacks`` (progress, signals, atomic-checkpoint Trainer), ``metrics`` (throughput, MFU, memory, the
+reported metrics, plot), ``events`` (event lines). Heavy libraries (torch, transformers, datasets) are
+imported lazily.
 
 ``DEFAULT_JOB_ARGS`` is the default cluster job (program argv after ``python -m train.run_clm``): the
 embedded tiny GPT-2 on the embedded corpus, DeepSpeed ZeRO-0 fp32 on CPU with node-local checkpoints;

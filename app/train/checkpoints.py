@@ -12,18 +12,24 @@ looks like a checkpoint. Here a checkpoint only counts once it carries ``COMPLET
    one and complete ones beyond ``save_total_limit``. The newest complete checkpoint is never removed,
    so at every instant a complete checkpoint to resume from exists.
 
-Resume only considers complete checkpoints; distributed ranks agree on one step (see ``agree_on_step``).
+Resume only considers complete checkpoints; distributed ranks agree on one step (see ``agree_on_step``);
+``choose_resume`` is the whole decision (explicit path, start afresh, or the newest common checkpoint).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
 import time
 from pathlib import Path
 from typing import Any
+
+from train.errors import UsageError
+
+log = logging.getLogger("train.checkpoints")
 
 COMPLETE_MARKER = "gaudi-cluster-complete.json"
 _CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
@@ -105,15 +111,25 @@ def rotate(output_dir: str | Path, save_total_limit: int | None) -> list[Path]:
     if save_total_limit is not None and save_total_limit > 0:
         keep = max(1, save_total_limit)
         doomed += [p for _, p in done[:-keep]]
-    for path in doomed:
-        # rename first so that a crash mid-delete cannot leave a half-deleted "complete" checkpoint
+    return remove_checkpoints(doomed)
+
+
+def remove_checkpoints(paths: list[Path]) -> list[Path]:
+    """Delete checkpoint directories; returns the ones this call removed.
+
+    Each is renamed first, so that a crash mid-delete cannot leave a half-deleted "complete" checkpoint; a
+    path that is already gone (another writer got there first) is skipped.
+    """
+    removed = []
+    for path in paths:
         trash = path.with_name(f".deleting-{path.name}-{os.getpid()}")
         try:
             os.rename(path, trash)
         except OSError:
             continue
         shutil.rmtree(trash, ignore_errors=True)
-    return doomed
+        removed.append(path)
+    return removed
 
 
 def looks_like_checkpoint(path: Path) -> bool:
@@ -165,3 +181,50 @@ def all_ranks_true(flag: bool, dist_ready: bool, device: Any = None) -> bool:
     t = torch.tensor([1 if flag else 0], dtype=torch.long, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MIN)
     return bool(t.item())
+
+
+def barrier(dist_ready: bool) -> None:
+    if dist_ready:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def choose_resume(
+    output_dir: str | Path,
+    *,
+    explicit: str | None,
+    do_train: bool,
+    start_afresh: bool,
+    may_delete: bool,
+    dist_ready: bool,
+    device: Any = None,
+) -> str | None:
+    """The checkpoint a run resumes from (None: from scratch); every rank must call it.
+
+    ``--resume_from_checkpoint`` wins; a run that does not train resumes nothing; ``start_afresh``
+    (``--overwrite_output_dir``) removes output_dir's checkpoints (on the ranks that ``may_delete``: the
+    writers of checkpoints) and waits for every rank; otherwise the newest checkpoint complete on every rank.
+    """
+    out = Path(output_dir)
+    if explicit:
+        return str(resolve_explicit(explicit))
+    if not do_train:
+        return None
+    if start_afresh:
+        if may_delete:
+            remove_checkpoints([path for _, path in list_checkpoints(out)])
+        barrier(dist_ready)
+        return None
+    latest = latest_complete(out)
+    step = agree_on_step(latest[0] if latest else -1, dist_ready, device)
+    if step < 0:
+        return None
+    path = out / f"checkpoint-{step}"
+    if not all_ranks_true(is_complete(path), dist_ready, device):
+        raise UsageError(
+            f"{out}: the ranks hold different complete checkpoints (newest common candidate {path.name} is "
+            "missing somewhere); pass --resume_from_checkpoint or --overwrite_output_dir"
+        )
+    log.info("resuming from %s (newest complete checkpoint on every rank)", path)
+    return str(path)

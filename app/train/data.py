@@ -31,7 +31,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from train.errors import UsageError
+from train.errors import UsageError, first_line
 
 DATASET_NAME = "default-v1"
 VOCAB_SIZE = 4096
@@ -283,8 +283,7 @@ def load_raw_datasets(data_args: Any, cache_dir: str | None) -> Any:
             )
     except (FileNotFoundError, datasets.exceptions.DatasetNotFoundError, ValueError, ConnectionError) as exc:
         what = data_args.dataset_name or files
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UsageError(f"cannot load dataset {what}: {first}") from exc
+        raise UsageError(f"cannot load dataset {what}: {first_line(exc)}") from exc
     return raw
 
 

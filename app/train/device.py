@@ -5,8 +5,11 @@
 * Otherwise: transformers' ``TrainingArguments`` / ``Trainer`` on CUDA when present, else on CPU.
 * ``--use_habana`` without an HPU is an error (exit 2), never a silent CPU run.
 * Off Gaudi, the Habana-only flags (``--use_habana`` false, ``--use_lazy_mode``, ``--gaudi_config_name``,
-  ``--throughput_warmup_steps``, ``--adjust_throughput``) still parse; the ones that do nothing there are
-  ignored with one log line.
+  ``--throughput_warmup_steps``, ``--adjust_throughput``) still parse (``train.arguments.HabanaArguments``);
+  the ones that do nothing there are ignored with one log line.
+
+Also here: the process group and the device for small collectives (``process_group``), the seed function
+of the stack, and the refill of DeepSpeed's "auto" values once the world size is known.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from train.errors import UsageError
 
 log = logging.getLogger("train.device")
 
-FALSE_WORDS = {"false", "0", "no", "n", "f", "off"}
+# The one set of words that switch a flag or a variable of the workload off (what HfArgumentParser reads
+# as false, plus "off"); any other non-empty word switches it on.
+FALSE_WORDS = frozenset({"false", "0", "no", "n", "f", "off"})
 
 # Peak dense bf16 TFLOP/s per device, used for the MFU estimate (override with --peak_tflops).
 PEAK_TFLOPS = {
@@ -58,6 +63,17 @@ def flag_value(argv: list[str], name: str) -> str | None:
 def flag_true(argv: list[str], name: str) -> bool:
     value = flag_value(argv, name)
     return value is not None and value.strip().lower() not in FALSE_WORDS
+
+
+def env_true(name: str, env: dict[str, str] | None = None) -> bool:
+    """An environment switch, read with the control plane's one set of words (unset or empty: off)."""
+    from gaudi_cluster.config import parse_bool
+
+    value = (os.environ if env is None else env).get(name, "")
+    try:
+        return parse_bool(value)
+    except ValueError as exc:
+        raise UsageError(f"{name}={value!r} {exc}") from None
 
 
 def habana_present() -> bool:
@@ -114,6 +130,15 @@ def training_stack(choice: DeviceChoice) -> tuple[type, type]:
     return TrainingArguments, Trainer
 
 
+def set_seed(choice: DeviceChoice, seed: int) -> None:
+    """The stack's seed function (optimum-habana's also seeds the HPU generators)."""
+    if choice.gaudi:
+        from optimum.habana.utils import set_seed as stack_set_seed  # type: ignore[import-not-found]
+    else:
+        from transformers import set_seed as stack_set_seed
+    stack_set_seed(seed)
+
+
 def gaudi_trainer_kwargs(choice: DeviceChoice, training_args: Any, cache_dir: str | None) -> dict[str, Any]:
     """Extra Trainer kwargs: the GaudiConfig on Gaudi (name or local path, like optimum-habana's run_clm)."""
     if not choice.gaudi:
@@ -149,3 +174,43 @@ def peak_tflops(choice: DeviceChoice, override: float | None) -> float | None:
         if key in name:
             return value
     return PEAK_TFLOPS["cpu"] if choice.kind == "cpu" else None
+
+
+def global_batch_size(training_args: Any) -> int:
+    """Samples per optimizer step across the job."""
+    return (
+        training_args.per_device_train_batch_size
+        * training_args.gradient_accumulation_steps
+        * training_args.world_size
+    )
+
+
+def process_group(training_args: Any) -> tuple[bool, Any]:
+    """(distributed with more than one rank, device for small collectives); sets the process group up."""
+    _ = training_args.device  # accelerate / DeepSpeed / torch.distributed start on first access
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return False, None
+    return True, torch.device("cpu") if dist.get_backend() == "gloo" else training_args.device
+
+
+def refresh_deepspeed_config(training_args: Any) -> None:
+    """Refill DeepSpeed's "auto" values once the world size is known.
+
+    transformers 5 fills them in TrainingArguments.__post_init__, before the process group exists, so an
+    "auto" train_batch_size comes out as if world_size were 1 and DeepSpeed's batch check fails.
+    """
+    hf_ds = getattr(training_args, "hf_deepspeed_config", None)
+    if not training_args.deepspeed or hf_ds is None:
+        return
+    if hf_ds.config.get("train_batch_size") in (global_batch_size(training_args), None):
+        return
+    from accelerate.utils import DeepSpeedPlugin
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    fresh = HfTrainerDeepSpeedConfig(training_args.deepspeed)
+    fresh.trainer_config_process(training_args)
+    training_args.hf_deepspeed_config = fresh
+    training_args.deepspeed_plugin = DeepSpeedPlugin(hf_ds_config=fresh)

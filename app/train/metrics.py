@@ -74,6 +74,43 @@ def mfu(n_params: int, tokens_per_second: float, peak_tflops: float | None, worl
     return 6.0 * n_params * tokens_per_second / (peak_tflops * 1e12 * max(1, world_size))
 
 
+def train_metrics(
+    trainer_metrics: dict[str, Any],
+    clock: StepClock,
+    *,
+    global_batch: int,
+    block_size: int,
+    n_params: int,
+    world_size: int,
+    peak_tflops: float | None,
+    memory: dict[str, float],
+    train_samples: int,
+    global_step: int,
+) -> dict[str, Any]:
+    """What a training run reports: the Trainer's metrics plus throughput, MFU, memory and the counts."""
+    metrics = dict(trainer_metrics)
+    metrics.update(throughput(clock, global_batch, block_size))
+    value = mfu(n_params, metrics.get("train_tokens_per_second", 0.0), peak_tflops, world_size)
+    if value is not None:
+        metrics["mfu"] = round(value, 6)
+        metrics["peak_tflops_per_device"] = peak_tflops
+    metrics.update(memory)
+    metrics["train_samples"] = train_samples
+    metrics["global_batch_size"] = global_batch
+    metrics["world_size"] = world_size
+    metrics["n_params"] = n_params
+    metrics["global_step"] = global_step
+    return metrics
+
+
+def eval_metrics(trainer_metrics: dict[str, Any], eval_samples: int) -> dict[str, Any]:
+    """The Trainer's evaluation metrics plus the sample count and the perplexity."""
+    metrics = dict(trainer_metrics)
+    metrics["eval_samples"] = eval_samples
+    metrics["perplexity"] = perplexity(metrics["eval_loss"])
+    return metrics
+
+
 def memory_metrics(kind: str) -> dict[str, float]:
     """Peak device memory of this rank in GB, where the device reports it."""
     gb = 1024**3

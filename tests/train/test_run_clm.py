@@ -13,7 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import (
+from train import checkpoints
+from train.events import parse_events
+
+from tests.support.training import (
     ROOT,
     SAVE_STEPS,
     SCRIPT,
@@ -24,8 +27,6 @@ from conftest import (
     run_deepspeed,
     train_args,
 )
-from train import checkpoints
-from train.events import parse_events
 
 EVENT_ORDER = ["start", "imports_done", "model_ready", "first_step", "train_done"]
 
@@ -233,7 +234,7 @@ def test_eval_refused_when_job_spans_hosts(train_env: dict, tmp_path: Path, monk
     ],
 )
 def test_spans_hosts(env: dict, hosts: int) -> None:
-    from train.run_clm import spans_hosts
+    from train.command_line import spans_hosts
 
     assert spans_hosts(env) == hosts
 
@@ -250,8 +251,7 @@ def test_embedded_data_is_deterministic(data_root: Path, tmp_path: Path) -> None
 
 def test_seed_training_flags_parse_off_gaudi(train_env: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every flag of the seed's training command parses with the CPU stack (only --use_habana dropped)."""
-    from train import run_clm as script
-    from train.device import DeviceChoice
+    from train import arguments, device
 
     for key, value in train_env.items():
         monkeypatch.setenv(key, value)
@@ -264,7 +264,10 @@ def test_seed_training_flags_parse_off_gaudi(train_env: dict, monkeypatch: pytes
         "--overwrite_output_dir", "--block_size", "128", "--save_steps", "50", "--logging_steps", "5",
         "--seed", "3", "--max_steps", "7",
     ]  # fmt: skip
-    model_args, data_args, extra, training_args, _ = script.parse(argv, DeviceChoice("cpu", False))
+    cpu = device.DeviceChoice("cpu", False)
+    training_cls, _ = device.training_stack(cpu)
+    args = arguments.parse(argv, training_cls, cpu)
+    model_args, data_args, training_args = args.model, args.data, args.training
     assert model_args.model_name_or_path == "gpt2-xl"
     assert (data_args.dataset_name, data_args.dataset_config_name, data_args.block_size) == (
         "wikitext", "wikitext-2-raw-v1", 128,
@@ -272,6 +275,7 @@ def test_seed_training_flags_parse_off_gaudi(train_env: dict, monkeypatch: pytes
     assert training_args.learning_rate == 4e-4 and training_args.per_device_train_batch_size == 16
     assert training_args.gradient_checkpointing and training_args.do_train
     assert training_args.deepspeed.endswith("configs/ds_cpu.json")
-    assert extra.throughput_warmup_steps == 3 and extra.use_lazy_mode and extra.overwrite_output_dir
-    assert extra.gaudi_config_name == "Habana/gpt2" and not extra.use_habana
+    assert args.habana.throughput_warmup_steps == 3 and args.habana.use_lazy_mode
+    assert args.overwrite.overwrite_output_dir
+    assert args.habana.gaudi_config_name == "Habana/gpt2" and not args.habana.use_habana
     assert training_args.report_to in ([], "none", ["none"])

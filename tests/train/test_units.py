@@ -1,12 +1,15 @@
-"""Fast checks of the pure pieces: checkpoint markers and rotation, flag scanning, throughput math."""
+"""Fast checks of the pure pieces: checkpoint markers, rotation and the resume choice, flag scanning,
+throughput math and the metrics a run reports."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from train import checkpoints, device, metrics
+from train.errors import UsageError
 from train.events import parse_events, write_progress
 
 
@@ -115,3 +118,108 @@ def test_marker_gives_every_node_deepspeeds_latest_tag(tmp_path):
     (ckpt / "latest").write_text("global_step12")  # rank 0's own tag is left alone
     checkpoints.write_marker(ckpt, 12, world_size=3)
     assert (ckpt / "latest").read_text() == "global_step12"
+
+
+def test_remove_checkpoints_reports_only_what_it_removed(tmp_path: Path) -> None:
+    kept_away = tmp_path / "checkpoint-9"  # already gone: another writer removed it
+    gone = [make_ckpt(tmp_path, 1, True), kept_away, make_ckpt(tmp_path, 2, False)]
+    assert checkpoints.remove_checkpoints(gone) == [gone[0], gone[2]]
+    assert list(tmp_path.iterdir()) == []
+
+
+def choose(out: Path, **overrides: object) -> str | None:
+    kwargs: dict = {"explicit": None, "do_train": True, "start_afresh": False, "may_delete": True,
+                    "dist_ready": False}  # fmt: skip
+    return checkpoints.choose_resume(out, **{**kwargs, **overrides})
+
+
+def test_resume_from_the_newest_complete_checkpoint(tmp_path: Path) -> None:
+    assert choose(tmp_path / "missing") is None
+    assert choose(tmp_path) is None
+    make_ckpt(tmp_path, 4, True)
+    make_ckpt(tmp_path, 8, True)
+    make_ckpt(tmp_path, 12, False)  # crashed mid-save
+    assert choose(tmp_path) == str(tmp_path / "checkpoint-8")
+    assert choose(tmp_path, do_train=False) is None  # evaluation only: nothing to resume
+
+
+def test_explicit_resume_wins(tmp_path: Path) -> None:
+    old = make_ckpt(tmp_path / "other", 3, True)
+    make_ckpt(tmp_path, 8, True)
+    assert choose(tmp_path, explicit=str(tmp_path / "other")) == str(old)
+    assert choose(tmp_path, explicit=str(old), start_afresh=True, do_train=False) == str(old)
+    assert checkpoints.latest_complete(tmp_path)[0] == 8  # nothing removed
+
+
+def test_start_afresh_removes_checkpoints_on_writers_only(tmp_path: Path) -> None:
+    make_ckpt(tmp_path, 4, True)
+    make_ckpt(tmp_path, 8, False)
+    (tmp_path / "config.json").write_text("{}")
+    assert choose(tmp_path, start_afresh=True, may_delete=False) is None
+    assert len(checkpoints.list_checkpoints(tmp_path)) == 2
+    assert choose(tmp_path, start_afresh=True) is None
+    assert [p.name for p in tmp_path.iterdir()] == ["config.json"]  # no checkpoint, no .deleting-* left
+
+
+def test_ranks_without_a_common_checkpoint_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_ckpt(tmp_path, 4, True)
+    # another rank's newest complete checkpoint is step 2, which this rank lacks
+    monkeypatch.setattr(checkpoints, "agree_on_step", lambda local, ready, device=None: 2)
+    with pytest.raises(UsageError, match="newest common candidate checkpoint-2 is missing somewhere"):
+        choose(tmp_path)
+
+
+def test_train_metrics_assembly() -> None:
+    clock = metrics.StepClock(warmup_steps=1)
+    clock.t_begin, clock.first_step = 0.0, 0
+    clock.steps, clock.times = [1, 2, 3], [5.0, 7.0, 9.0]  # 2 s per step after the warmup step
+    got = metrics.train_metrics(
+        {"train_loss": 2.5, "train_runtime": 9.0},
+        clock,
+        global_batch=8,
+        block_size=16,
+        n_params=1000,
+        world_size=2,
+        peak_tflops=1.0,
+        memory={"peak_rss (GB)": 1.5},
+        train_samples=100,
+        global_step=3,
+    )
+    tokens_per_second = 0.5 * 8 * 16
+    assert got == {
+        "train_loss": 2.5,
+        "train_runtime": 9.0,
+        "train_steps_per_second": 0.5,
+        "train_samples_per_second": 4.0,
+        "train_tokens_per_second": tokens_per_second,
+        "throughput_warmup_steps_applied": 1,
+        "mfu": round(6 * 1000 * tokens_per_second / (1e12 * 2), 6),
+        "peak_tflops_per_device": 1.0,
+        "peak_rss (GB)": 1.5,
+        "train_samples": 100,
+        "global_batch_size": 8,
+        "world_size": 2,
+        "n_params": 1000,
+        "global_step": 3,
+    }
+    unknown_peak = metrics.train_metrics(
+        {}, clock, global_batch=8, block_size=16, n_params=1000, world_size=2, peak_tflops=None, memory={},
+        train_samples=1, global_step=3,
+    )  # fmt: skip
+    assert "mfu" not in unknown_peak and "peak_tflops_per_device" not in unknown_peak
+
+
+def test_eval_metrics_add_samples_and_perplexity() -> None:
+    got = metrics.eval_metrics({"eval_loss": 2.0}, eval_samples=7)
+    assert got == {"eval_loss": 2.0, "eval_samples": 7, "perplexity": pytest.approx(7.389056)}
+    assert metrics.eval_metrics({"eval_loss": 1e6}, 1)["perplexity"] == float("inf")
+
+
+def test_global_batch_and_deepspeed_refill_is_a_no_op_without_deepspeed() -> None:
+    args = SimpleNamespace(per_device_train_batch_size=4, gradient_accumulation_steps=2, world_size=3,
+                           deepspeed=None, hf_deepspeed_config=None)  # fmt: skip
+    assert device.global_batch_size(args) == 24
+    device.refresh_deepspeed_config(args)
+    assert args.hf_deepspeed_config is None
