@@ -14,7 +14,7 @@ BASE_IMAGE_CPU ?= gaudi-cluster/debian:bookworm
 NODES ?= 3
 export GAUDI_CLUSTER_IMAGE ?= $(IMAGE_CPU)
 
-.PHONY: help venv lint test test-unit test-train test-image test-cluster image image-cpu base-image \
+.PHONY: help venv lint test test-unit test-train test-image test-cluster test-aws image image-cpu base-image \
         wheelhouse keys demo up down logs bench clean
 
 help: ## list the targets
@@ -46,6 +46,9 @@ test-image: venv image-cpu ## testinfra checks of the cpu image
 test-cluster: venv image-cpu ## real multi-container clusters that train
 	$(PY) -m pytest -q tests/cluster
 
+test-aws: venv ## gaudi-cluster aws against moto (EC2/SSM emulator) and botocore's Stubber
+	$(PY) -m pytest -q tests/aws
+
 test: venv ## all tests (builds the cpu image; needs a Docker engine)
 	$(MAKE) image-cpu
 	$(PY) -m pytest -q tests
@@ -57,9 +60,9 @@ wheelhouse: venv ## download/build the cpu image's wheels on the host (build/whe
 	scripts/make-wheelhouse.sh
 
 image-cpu: base-image wheelhouse ## build the cpu flavor (offline)
-	docker build -t $(IMAGE_CPU) -t $(IMAGE_NAME):$(VERSION)-cpu-$(GIT_REV) \
+	scripts/build-image.sh $(IMAGE_CPU) -t $(IMAGE_NAME):$(VERSION)-cpu-$(GIT_REV) \
 	  --build-arg FLAVOR=cpu --build-arg BASE_IMAGE=$(BASE_IMAGE_CPU) \
-	  --build-arg VERSION=$(VERSION) --build-arg GIT_REV=$(GIT_REV) .
+	  --build-arg VERSION=$(VERSION) --build-arg GIT_REV=$(GIT_REV)
 
 image: ## build the gaudi flavor (needs vault.habana.ai and the internet)
 	source image/versions.env && docker build -t $(IMAGE_GAUDI) -t $(IMAGE_NAME):$(VERSION)-gaudi-$(GIT_REV) \

@@ -1,0 +1,144 @@
+"""Facts gaudi-cluster relies on: the tag, defaults, DL1's published figures, prices and the quota.
+
+Pure data and arithmetic; `up` re-reads the instance-type facts from DescribeInstanceTypes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from gaudi_cluster.errors import ClusterNotReady
+
+# Every resource of a cluster carries this tag; `down` and `status` find the cluster by it alone.
+TAG_CLUSTER = "gaudi-cluster:cluster-id"
+TAG_NODE = "gaudi-cluster:node"
+TAG_ROLE = "gaudi-cluster:role"
+
+MASTER, WORKER = "master", "worker"
+# Nodes run Ubuntu from the Habana Deep Learning Base AMI; its login user.
+DEFAULT_SSH_USER = "ubuntu"
+DEFAULT_IMAGE = "gaudi-cluster:gaudi"
+DEFAULT_INSTANCE_TYPE = "dl1.24xlarge"
+DEFAULT_CLUSTER_ID = "gaudi"
+DEFAULT_WAIT_TIMEOUT_S = 900.0
+# Peers travel in user data (16 KiB) and one cluster placement group; far beyond any DL1 fleet we expect.
+MAX_NODES = 64
+# SynapseAI release (major.minor) of the node image: image/versions.env SYNAPSE_VERSION (a test keeps them
+# equal). The host driver in the AMI must match the container's Synapse release.
+SYNAPSE_PROFILE = "1.22"
+AMI_OWNER = "amazon"
+# Where the nodes keep the cluster key and the scripts that start them.
+NODE_HOME = "/opt/gaudi-cluster"
+NODE_KEYS_DIR = f"{NODE_HOME}/keys"
+
+LIVE_STATES = ("pending", "running", "stopping", "stopped")
+# States AWS bills the instance hours for (stopped instances cost their volumes only).
+BILLED_STATES = frozenset({"pending", "running", "stopping", "shutting-down"})
+
+
+@dataclass(frozen=True)
+class InstanceTypeFacts:
+    """What the plan relies on about an instance type: the answer of DescribeInstanceTypes."""
+
+    name: str
+    vcpus: int
+    network_cards: int
+    max_network_interfaces: int
+    efa_supported: bool
+    max_efa_interfaces: int
+
+    @property
+    def efa_interfaces(self) -> int:
+        """One EFA interface per network card, as many as the type allows."""
+        return min(self.network_cards, self.max_efa_interfaces) if self.efa_supported else 0
+
+
+@dataclass(frozen=True)
+class GaudiType:
+    """An instance type gaudi-cluster knows how to run: its accelerators and the quota it draws on."""
+
+    facts: InstanceTypeFacts
+    accelerators: int
+    quota_code: str
+    quota_name: str
+
+
+# Published facts of dl1.24xlarge (8 Gaudi, 96 vCPUs, 4 x 100 Gbps network cards each with one EFA,
+# 60 network interfaces); `plan` prints these when the region's live answer is not at hand, and
+# `up` always re-reads them from DescribeInstanceTypes.
+GAUDI_TYPES: Mapping[str, GaudiType] = MappingProxyType(
+    {
+        "dl1.24xlarge": GaudiType(
+            facts=InstanceTypeFacts(
+                name="dl1.24xlarge",
+                vcpus=96,
+                network_cards=4,
+                max_network_interfaces=60,
+                efa_supported=True,
+                max_efa_interfaces=4,
+            ),
+            accelerators=8,
+            quota_code="L-6E869C2A",
+            quota_name="Running On-Demand DL instances",
+        )
+    }
+)
+
+# On-demand Linux price in USD per instance hour, as AWS published it for DL1 at launch (2021-10-26);
+# it was unchanged when this table was written. Check https://aws.amazon.com/ec2/pricing/on-demand/.
+PRICES_AS_OF = "2021-10-26"
+ON_DEMAND_USD_PER_HOUR: Mapping[tuple[str, str], float] = MappingProxyType(
+    {
+        ("dl1.24xlarge", "us-east-1"): 13.10904,
+        ("dl1.24xlarge", "us-west-2"): 13.10904,
+    }
+)
+DL1_REGIONS = ("us-east-1", "us-west-2")
+
+
+@dataclass(frozen=True)
+class QuotaCheck:
+    code: str
+    name: str
+    limit_vcpus: float | None  # None: the quota could not be read (unknown_reason says why)
+    in_use_vcpus: int
+    needed_vcpus: int
+    unknown_reason: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.limit_vcpus is None or self.in_use_vcpus + self.needed_vcpus <= self.limit_vcpus
+
+    def line(self) -> str:
+        head = f"{self.name} ({self.code}): needs {self.needed_vcpus} more vCPUs, {self.in_use_vcpus} in use"
+        if self.limit_vcpus is None:
+            return f"{head}, limit unknown ({self.unknown_reason}): not checked"
+        return f"{head}, limit {self.limit_vcpus:g}: {'ok' if self.ok else 'TOO LOW'}"
+
+
+def check_quota(quota: QuotaCheck, region: str) -> None:
+    if not quota.ok:
+        wanted = quota.in_use_vcpus + quota.needed_vcpus
+        raise ClusterNotReady(
+            f"quota {quota.name} ({quota.code}) in {region} is {quota.limit_vcpus:g} vCPUs, the cluster "
+            f"needs {wanted}; fix: ask for {wanted} (aws service-quotas request-service-quota-increase "
+            f"--service-code ec2 --quota-code {quota.code} --desired-value {wanted} --region {region})"
+        )
+
+
+def hourly_price(instance_type: str, region: str) -> float | None:
+    return ON_DEMAND_USD_PER_HOUR.get((instance_type, region))
+
+
+def price_line(instance_type: str, region: str, nodes: int) -> str:
+    price = hourly_price(instance_type, region)
+    if price is None:
+        return (
+            f"price: {instance_type} in {region} is not in gaudi-cluster's price table (as of {PRICES_AS_OF})"
+        )
+    return (
+        f"price: ${price:.5f}/h per node, ${price * nodes:.2f}/h for {nodes} "
+        f"(on-demand Linux, {region}, price table as of {PRICES_AS_OF})"
+    )

@@ -1,0 +1,130 @@
+"""`gaudi-cluster aws` before any cloud call: flags, bad input, boto3 missing, credentials missing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from gaudi_cluster.aws import cli, ec2
+
+ROOT = Path(__file__).resolve().parents[2]
+PLAN = ["plan", "--nodes", "2", "--ssh-cidr", "203.0.113.7/32", "--key-name", "me"]
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    """Any attempt to reach AWS fails the test: these inputs must be refused before that."""
+
+    def refuse(region):
+        raise AssertionError(f"connected to AWS ({region}) for input that should have been refused")
+
+    monkeypatch.setattr(ec2, "connect", refuse)
+
+
+def error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("gaudi-cluster: error:")]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (
+            ["plan", "--nodes", "0", "--ssh-cidr", "203.0.113.7/32", "--key-name", "me"],
+            "--nodes 0: a cluster needs at least one node; fix: --nodes 2",
+        ),
+        (
+            ["plan", "--nodes", "two"],
+            "argument --nodes: invalid int value: 'two'; fix: gaudi-cluster aws plan --help",
+        ),
+        (["plan", "--node", "2"], "fix: gaudi-cluster aws plan --help"),
+        (["up", "--nodes", "2", "--placement-group", "spread"], "argument --placement-group: invalid choice"),
+        (
+            ["plan", "--nodes", "2", "--key-name", "me"],
+            "--key-delivery ssh needs ssh ingress from your address; fix: --ssh-cidr",
+        ),
+        (["plan", *PLAN[1:], "--ssh-cidr", "0.0.0.0/0"], "would open ssh to the whole internet"),
+        (["plan", *PLAN[1:], "--key-delivery", "ssm"], "--key-delivery ssm reads from AWS on the nodes"),
+        (
+            ["up", *PLAN[1:], "--keys", "/nonexistent/keys"],
+            "no cluster key in /nonexistent/keys; fix: make keys",
+        ),
+        (["down", "Bad_Id"], "cluster id 'Bad_Id'"),
+        (["status", "demo", "--region", "moon"], "--region 'moon' is not an AWS region name"),
+        (["launch"], "invalid choice: 'launch'"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_reaches_no_cloud(offline, capsys, argv, fragment):
+    assert cli.main(argv) == 2
+    line = error_line(capsys)
+    assert fragment in line
+    assert "; fix: " in line
+
+
+def test_up_refuses_a_missing_run_node_script(offline, capsys, cluster_keys, tmp_path):
+    argv = ["up", *PLAN[1:], "--keys", str(cluster_keys), "--run-node", str(tmp_path / "run-node.sh")]
+    assert cli.main(argv) == 2
+    assert "run-node.sh not found" in error_line(capsys)
+
+
+def test_missing_boto3_is_one_line_with_the_install_command(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "boto3", None)
+    assert cli.main(PLAN) == 2
+    assert error_line(capsys) == (
+        "gaudi-cluster: error: gaudi-cluster aws needs boto3, which is not installed; "
+        "fix: pip install 'gaudi-cluster[aws]'"
+    )
+
+
+def test_missing_credentials_is_one_line_exit_2(monkeypatch, capsys, tmp_path):
+    empty = tmp_path / "empty"
+    empty.write_text("")
+    for name in (
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_PROFILE",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(empty))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    assert cli.main(PLAN) == 2
+    assert error_line(capsys).endswith(
+        "no AWS credentials found; fix: aws configure "
+        "(or set AWS_PROFILE, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
+    )
+
+
+def test_an_unknown_region_is_refused_before_any_call(monkeypatch, capsys):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    assert cli.main([*PLAN, "--region", "xx-nowhere-9"]) == 2
+    assert "--region xx-nowhere-9 is not an EC2 region; fix: --region us-east-1" in error_line(capsys)
+
+
+def test_importing_the_cli_does_not_import_boto3():
+    probe = "import sys, gaudi_cluster.aws.cli; print('boto3' in sys.modules, 'botocore' in sys.modules)"
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT / "app")},
+    )
+    assert done.stdout.split() == ["False", "False"]
+
+
+def test_help_and_no_command(capsys):
+    assert cli.main(["--help"]) == 0
+    assert "plan" in capsys.readouterr().out
+    assert cli.main([]) == 2
