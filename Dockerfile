@@ -26,6 +26,8 @@ RUN bash /opt/gaudi-cluster/image/install-system.sh "${FLAVOR}"
 FROM system AS python
 ARG FLAVOR=cpu
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# scripts/build-image.sh tags this stage (the build cache) instead of leaving it dangling.
+LABEL io.gaudi-cluster.stage=build
 # The glob makes a missing build/wheelhouse reach check-wheelhouse.sh, which says how to fix it.
 COPY requirements/cpu-image.txt build/wheelhous[e] /tmp/wheelhouse/
 COPY image/check-wheelhouse.sh image/install-python.sh requirements/cpu-image.txt /opt/gaudi-cluster/image/

@@ -3,8 +3,9 @@
 
     python gaudi_spawn.py --world_size 8 --use_mpi run_clm.py <script args>
     python gaudi_spawn.py --hostfile hostfile --use_deepspeed run_clm.py <script args>
+    python gaudi_spawn.py --dry-run --hostfile hostfile --use_deepspeed run_clm.py <script args>
 
-GAUDI_CLUSTER_DRY_RUN=1 prints the launch command instead of running it.
+`gaudi_spawn.py --help` lists every flag; GAUDI_CLUSTER_DRY_RUN=1 works like --dry-run.
 """
 
 from __future__ import annotations
@@ -18,21 +19,7 @@ except ImportError:
     # Run from a checkout without the image's .pth file: the package sits next to this script.
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from gaudi_cluster.errors import ConfigError, GaudiClusterError
-from gaudi_cluster.spawn import spawn_main
-
-
-def main(argv: list[str] | None = None) -> int:
-    dry_run = os.environ.get("GAUDI_CLUSTER_DRY_RUN", "").strip().lower() in ("1", "true", "yes")
-    try:
-        return spawn_main(sys.argv[1:] if argv is None else argv, dry_run=dry_run)
-    except ConfigError as exc:
-        print(f"gaudi_spawn.py: error: {exc}", file=sys.stderr)
-        return 2
-    except GaudiClusterError as exc:
-        print(f"gaudi_spawn.py: {exc}", file=sys.stderr)
-        return exc.exit_code
-
+from gaudi_cluster.spawn import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:], "gaudi_spawn.py"))

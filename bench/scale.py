@@ -200,7 +200,7 @@ def run(ctx: Ctx, results_dir: Path) -> list[Row]:
 
 
 def render_once(n: int) -> float:
-    from gaudi_cluster import envfile, plan
+    from gaudi_cluster import envfile, jobenv, launchers, plan
     from gaudi_cluster.hostfile import HostEntry, make_hostfile, render_hostfile
 
     environ = {**os.environ, "DS_ACCELERATOR": "cpu", "PATH": "/opt/venv/bin:/usr/bin:/bin"}
@@ -208,9 +208,9 @@ def render_once(n: int) -> float:
     entries = [HostEntry(f"10.{i // 65536}.{(i // 256) % 256}.{i % 256}", 8) for i in range(1, n + 1)]
     hostfile = make_hostfile(entries, master=entries[0].host)
     text = render_hostfile(hostfile)
-    env = envfile.build_env_file(environ, "cpu", {"DEEPSPEED_TIMEOUT": "5"}, "eth0")
+    env = jobenv.build_env_file(environ, "cpu", {"DEEPSPEED_TIMEOUT": "5"}, "eth0")
     env_text = envfile.render_env_file(env)
-    launch = plan.deepspeed_plan(
+    launch = launchers.deepspeed_plan(
         hostfile_path="/run/gaudi-cluster/jobs/j/hostfile",
         master_addr=entries[0].host,
         master_port=29500,
@@ -219,8 +219,7 @@ def render_once(n: int) -> float:
         program=["/opt/venv/bin/python", "-u", "/opt/gaudi-cluster/app/train/run_clm.py", "--do_train"],
         python="/opt/venv/bin/python",
         ssh_config_path="/run/gaudi-cluster/jobs/j/ssh_config",
-        job_id="j",
-        control=f"{entries[0].host}:29400",
+        agent=plan.AgentSettings("j", "/run/gaudi-cluster/jobs", 10.0, f"{entries[0].host}:29400"),
     )
     shell = plan.render_shell(launch)
     elapsed = time.perf_counter() - t

@@ -38,7 +38,8 @@ missing_pins() {
 # fetch_binary PIN...: download binary wheels for the target without resolving dependencies
 # (the lock already lists every dependency).
 fetch_binary() {
-	"$python" -m pip download --quiet --no-deps --only-binary=:all: "${TARGET[@]}" -d "$out" "$@"
+	# Not --quiet: pip names each wheel as it downloads it (with a progress bar on a terminal).
+	"$python" -m pip download --no-deps --only-binary=:all: "${TARGET[@]}" -d "$out" "$@"
 }
 
 # build_wheel PIN: build a wheel from an sdist with the host venv (deepspeed imports torch in setup.py).
@@ -59,7 +60,7 @@ main() {
 		bash "$check" "$lock" "$out"
 		return
 	fi
-	note "fetching ${#pins[@]} wheel(s) into $out"
+	note "fetching ${#pins[@]} wheel(s) into $out (the first time: about 1.5 GB, a few minutes)"
 	if ! fetch_binary "${pins[@]}" 2>/dev/null; then
 		# One pin without a binary wheel fails the whole batch: go one by one.
 		for pin in "${pins[@]}"; do

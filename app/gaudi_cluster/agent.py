@@ -24,14 +24,28 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from gaudi_cluster import procgroup
-from gaudi_cluster.control import BEAT_INTERVAL_S, Channel, connect
+from gaudi_cluster import jobdir, procgroup
+from gaudi_cluster.channel import Channel, authenticate, connect
+from gaudi_cluster.protocol import BEAT_INTERVAL_S
 
 TAIL_LINES = 30
 # A master gone silent or away leaves nothing to save for: the rank gets a short grace only.
 ORPHAN_GRACE_S = 5.0
 # SIGTERM/SIGINT to the agent itself (e.g. from deepspeed's launch.py on Ctrl-C) is a stop to save.
 SIGNAL_GRACE_S = 15.0
+
+
+def with_local_rank(program: Sequence[str], local_rank: int) -> list[str]:
+    """The program with `--local_rank=N` right after its script or module, where DeepSpeed's
+    launch.py puts it (for scripts that still parse the flag instead of reading LOCAL_RANK)."""
+    argv = list(program)
+    at = 1
+    if os.path.basename(argv[0]).startswith("python"):
+        at = 1
+        while at < len(argv) and argv[at].startswith("-") and argv[at] != "-m":
+            at += 1
+        at += 2 if at < len(argv) and argv[at] == "-m" else 1
+    return [*argv[:at], f"--local_rank={local_rank}", *argv[at:]]
 
 
 def rank_identity(environ: Mapping[str, str]) -> tuple[int, int, int, int]:
@@ -59,6 +73,7 @@ class RankAgent:
         job_root: Path,
         heartbeat_timeout_s: float,
         connect_timeout_s: float = 30.0,
+        local_rank_arg: bool = False,
     ) -> None:
         self.job_id = job_id
         self.program = list(program)
@@ -76,8 +91,14 @@ class RankAgent:
             LOCAL_WORLD_SIZE=str(self.local_world),
             GAUDI_CLUSTER_JOB_ID=job_id,
         )
-        self.job_dir = job_root / job_id
-        self.job_dir.mkdir(parents=True, exist_ok=True)
+        if local_rank_arg:
+            self.program = with_local_rank(self.program, self.local_rank)
+        self.job_dir = jobdir.create(job_root, job_id)
+        # The job's secret and the variables forwarded on purpose: staged by the master over ssh
+        # stdin, read before anything else (the master deletes the file once every rank has started).
+        private = jobdir.read_private(self.job_dir)
+        self.token = str(private.get("token") or "")
+        self.env.update(jobdir.private_env(private))
         self.progress_file = self.job_dir / f"rank{self.rank}.progress"
         self.env["GAUDI_CLUSTER_PROGRESS_FILE"] = str(self.progress_file)
         self.pid_file = self.job_dir / f"rank{self.rank}.pid"
@@ -172,9 +193,10 @@ class RankAgent:
                     )
                 return
             self.last_beat = time.monotonic()
-            if message.get("type") == "stop":
-                reason = message.get("reason", "the master stopped the job")
-                self.stop_child(reason, grace_s=float(message.get("grace", 10)))
+            if isinstance(message, dict) and message.get("type") == "stop":
+                grace = message.get("grace")
+                grace_s = float(grace) if isinstance(grace, int | float) and 0 <= grace < 3600 else 10.0
+                self.stop_child(str(message.get("reason") or "the master stopped the job")[:200], grace_s)
 
     def beat(self) -> None:
         assert self.channel is not None and self.child is not None
@@ -193,19 +215,16 @@ class RankAgent:
         self._log = self.log_path.open("ab")
         if self.control_address:
             try:
+                if not self.token:
+                    raise ConnectionError(
+                        f"no secret for job {self.job_id} in {self.job_dir} (the master stages it before "
+                        "launching); fix: start ranks through gaudi-cluster"
+                    )
                 self.channel = connect(self.control_address, self.connect_timeout_s)
+                authenticate(self.channel, self.token, self.job_id, self.host, self.rank, os.getpid())
             except ConnectionError as error:
                 self.say(f"error: {error}; the rank is not started without supervision")
                 return 1
-            self.channel.send(
-                {
-                    "type": "hello",
-                    "job": self.job_id,
-                    "host": self.host,
-                    "rank": self.rank,
-                    "pid": os.getpid(),
-                }
-            )
         try:
             self.start_child()
         except OSError as error:
@@ -276,13 +295,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=30.0,
         help="seconds to keep trying the master's control channel before giving up",
     )
+    parser.add_argument(
+        "--local-rank-arg", action="store_true", help="pass --local_rank=N to the program, as DeepSpeed does"
+    )
     parser.add_argument("program", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
     if not program:
         parser.error("no program given after --")
     agent = RankAgent(
-        args.job_id, program, args.control, args.job_root, args.heartbeat_timeout, args.connect_timeout
+        args.job_id,
+        program,
+        args.control,
+        args.job_root,
+        args.heartbeat_timeout,
+        args.connect_timeout,
+        local_rank_arg=args.local_rank_arg,
     )
     return agent.run()
 

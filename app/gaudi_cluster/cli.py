@@ -1,4 +1,8 @@
-"""`gaudi-cluster` command line: parse, resolve the configuration, dispatch; errors become exit codes."""
+"""`gaudi-cluster` command line: parse, resolve the configuration, dispatch; errors become exit codes.
+
+This is the one place that maps errors to exit codes: 0 ok, 1 job failure, 2 bad input, 3 cluster
+not ready, 128+N stopped by signal N. Bad input is always one line naming the culprit and the fix.
+"""
 
 from __future__ import annotations
 
@@ -8,61 +12,208 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from gaudi_cluster import __version__
 from gaudi_cluster.config import DEFAULT_JOB_ROOT, add_config_flags, resolve_config
-from gaudi_cluster.errors import GaudiClusterError
+from gaudi_cluster.errors import ConfigError, GaudiClusterError
 
 log = logging.getLogger("gaudi_cluster")
 
+# What the doctor's survey and checks read; the launch-only settings would only clutter its --help.
+DOCTOR_SETTINGS = (
+    "peers",
+    "peers_dns",
+    "hostfile",
+    "nodes",
+    "wait_timeout",
+    "ssh_port",
+    "ssh_dir",
+    "accelerator",
+    "slots",
+    "master_addr",
+    "env_preset",
+    "env",
+    "env_pass",
+    "socket_ifname",
+    "job_root",
+)
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line (ConfigError, exit 2) and never abbreviates."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"{self.prog}: {message}; fix: see '{self.prog} --help'")
+
+
+def _examples(*lines: str) -> str:
+    return "examples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def _parsers() -> tuple[Parser, dict[str, argparse.ArgumentParser]]:
+    """The top-level parser and its subcommand parsers by name."""
+    parser = Parser(
         prog="gaudi-cluster",
-        description="Multi-node DeepSpeed training on Intel Gaudi (and CPU/CUDA) servers from one image.",
+        description=(
+            "Multi-node DeepSpeed training on Intel Gaudi (and CPU/CUDA) servers from one Docker image. "
+            "Every node runs the same image; one runs `master`, the others `worker` (sshd). Settings come "
+            "from flags, then GAUDI_CLUSTER_* variables, then defaults.\n\nexit codes: 0 ok, 1 job failed, "
+            "2 bad input (nothing launched), 3 cluster not ready, 128+N stopped by signal N"
+        ),
+        epilog=_examples(
+            "gaudi-cluster master --peers-dns worker --nodes 3",
+            "gaudi-cluster master --hostfile /job/hostfile -m mypkg.train --lr 1e-4",
+            "gaudi-cluster spawn --world_size 8 --use_deepspeed run_clm.py --deepspeed ds.json",
+        ),
     )
     parser.add_argument("--version", action="version", version=f"gaudi-cluster {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging (also after the command)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
     master = sub.add_parser(
-        "master", help="discover peers, check them, launch the job on every node, supervise it"
+        "master",
+        help="discover peers, check them, launch the job on every node, supervise it",
+        description=(
+            "Find the other nodes (static list, DNS name, hostfile, Slurm or MPI Operator), wait for all of "
+            "them under one deadline, probe and check them over ssh, write the hostfile and .deepspeed_env, "
+            "launch the job on every node under rank agents, and stop it everywhere on the first failure. "
+            "The job is `script.py ARGS`, `-m module ARGS` or any command, after the flags (or after --); "
+            "without one, the bundled workload trains its embedded default. A job whose only node is this "
+            "one runs locally without ssh."
+        ),
+        epilog=_examples(
+            "gaudi-cluster master --peers worker-1,worker-2 train.py --epochs 1",
+            "gaudi-cluster master --hostfile /job/hostfile --launcher mpirun -m mypkg.train",
+            "gaudi-cluster master --dry-run --peers-dns worker --nodes 3",
+        ),
     )
     add_config_flags(master)
     master.add_argument(
-        "job",
-        nargs=argparse.REMAINDER,
-        help="script.py ARGS | -m module ARGS | command ARGS (default: the bundled workload)",
+        "job", nargs="*", metavar="JOB", help="script.py ARGS | -m module ARGS | command ARGS"
     )
 
-    spawn = sub.add_parser(
-        "spawn", help="gaudi_spawn.py-compatible launch (--hostfile H --use_deepspeed script …)"
+    # Parsed by their own modules (spawn: gaudi_spawn.py's parser); listed here for --help.
+    sub.add_parser(
+        "spawn",
+        help="gaudi_spawn.py-compatible launch (gaudi-cluster spawn --help for its flags)",
+        add_help=False,
     )
-    spawn.add_argument(
-        "--dry-run", action="store_true", help="print hostfile, env file and command; launch nothing"
-    )
-    spawn.add_argument(
-        "spawn_args", nargs=argparse.REMAINDER, help="gaudi_spawn.py flags, the script and its args"
+    sub.add_parser(
+        "aws",
+        help="provision, reach and delete a DL1 cluster on AWS (pip install 'gaudi-cluster[aws]')",
+        add_help=False,
     )
 
     doctor = sub.add_parser(
-        "doctor", help="preflight every node in parallel; table and JSON; non-zero if blocking"
+        "doctor",
+        help="preflight every node in parallel; table and JSON; exit 3 if anything blocks a launch",
+        description=(
+            "Survey every node as the master would (discovery, sshd, the probe over ssh) and check: ssh "
+            "reachability, slots against detected devices, the socket interface, EFA devices and provider "
+            "and hccl_ofi_wrapper (when HCCL goes over OFI), the job's script on every node, identical "
+            "package versions, image build and python, free disk and /dev/shm. Prints a table, then JSON. "
+            "The master runs the same checks before every launch."
+        ),
+        epilog=_examples("gaudi-cluster doctor --peers-dns worker --nodes 3", "gaudi-cluster doctor --json"),
     )
-    add_config_flags(doctor)
-    doctor.add_argument("--json", action="store_true", help="print JSON only")
+    add_config_flags(doctor, DOCTOR_SETTINGS)
+    doctor.add_argument("--json", action="store_true", help="print the JSON only")
 
     probe = sub.add_parser(
-        "probe", help="report this node as JSON (the master runs it over ssh)", add_help=False
+        "probe",
+        help="report this node as JSON (the master runs it over ssh)",
+        description=(
+            "Print one JSON line describing this node: hostname, python, accelerator and slots, package "
+            "versions, image build, interfaces, the given paths, free disk and shm, EFA devices. With "
+            "--stage it also creates the job's directory and writes the private payload read from stdin."
+        ),
+        epilog=_examples(
+            "gaudi-cluster probe --json", "gaudi-cluster probe --accelerator hpu --path /w/run.py"
+        ),
     )
-    probe.add_argument("probe_args", nargs=argparse.REMAINDER)
+    probe.add_argument("--json", action="store_true", help="print JSON (the only format)")
+    probe.add_argument("--path", action="append", default=[], help="a path that must exist here; repeatable")
+    probe.add_argument(
+        "--accelerator",
+        default="auto",
+        choices=("auto", "hpu", "cuda", "cpu"),
+        help="device kind; default auto",
+    )
+    probe.add_argument("--slots", type=_positive, default=None, help="ranks per node on cpu; default 1")
+    probe.add_argument("--check-efa", action="store_true", help="also run fi_info -p efa")
+    probe.add_argument(
+        "--stage", metavar="JOB_ID", help="create this job's directory, private file from stdin"
+    )
+    probe.add_argument("--job-root", default=DEFAULT_JOB_ROOT, help=f"default {DEFAULT_JOB_ROOT}")
 
-    reap = sub.add_parser("reap", help="kill what is left of one job on this node (by its pid files)")
-    reap.add_argument("--job-id", required=True)
-    reap.add_argument("--job-root", default=DEFAULT_JOB_ROOT)
+    reap = sub.add_parser(
+        "reap",
+        help="kill what is left of one job on this node (by its pid files)",
+        description="Kill the process groups and agents recorded in one job's pid files on this node.",
+        epilog=_examples("gaudi-cluster reap --job-id 20261130-120000-a1b2c3"),
+    )
+    reap.add_argument("--job-id", required=True, help="the job to clean up")
+    reap.add_argument("--job-root", default=DEFAULT_JOB_ROOT, help=f"default {DEFAULT_JOB_ROOT}")
 
-    check = sub.add_parser("hostfile", help="validate a hostfile and print it normalized")
-    check.add_argument("path")
-    return parser
+    check = sub.add_parser(
+        "hostfile",
+        help="validate a hostfile and print it normalized",
+        description=(
+            "Check a DeepSpeed hostfile ('host slots=N' per line, # comments) as strictly as the master "
+            "does, print it normalized on stdout and a summary (nodes, slots) on stderr."
+        ),
+        epilog=_examples("gaudi-cluster hostfile /job/hostfile"),
+    )
+    check.add_argument("path", help="the hostfile to check")
+    for command in (master, doctor, probe, reap, check):
+        # After the command too; SUPPRESS keeps a -v given before it from being reset.
+        command.add_argument(
+            "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging"
+        )
+    return parser, {"master": master, "doctor": doctor, "probe": probe, "reap": reap, "hostfile": check}
+
+
+def _positive(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{value}' is not an integer") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1")
+    return number
+
+
+def _split_job(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the master's own flags, the job): the job starts at the first word that is not one of the
+    flags or their values, at `-m`, or after `--`."""
+    takes_value = {
+        option: action.nargs != 0 for action in parser._actions for option in action.option_strings
+    }
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            return argv[:i], argv[i + 1 :]
+        if word == "-m" or not word.startswith("-"):
+            return argv[:i], argv[i:]
+        name, equals, _ = word.partition("=")
+        # A flag's value is skipped with it; an unknown flag stays with the flags, for argparse to name.
+        i += 2 if takes_value.get(name) and not equals else 1
+    return argv, []
+
+
+def _leading_words(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(global flags before the command, the rest)."""
+    for i, word in enumerate(argv):
+        if not word.startswith("-"):
+            return argv[:i], argv[i:]
+    return argv, []
 
 
 def _configure_logging(verbose: bool) -> None:
@@ -75,24 +226,38 @@ def _configure_logging(verbose: bool) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if args_list[:1] == ["spawn"]:
-        # gaudi_spawn.py's flags pass through untouched (argparse cannot nest them).
-        return _spawn(args_list[1:])
-    if args_list[:1] == ["probe"]:
-        from gaudi_cluster import probe
+    try:
+        return _main(args_list)
+    except GaudiClusterError as error:
+        print(f"gaudi-cluster: error: {error}", file=sys.stderr)
+        return error.exit_code
 
-        return probe.main(args_list[1:])
-    parser = _parser()
-    args = parser.parse_args(args_list)
+
+def _main(args_list: list[str]) -> int:
+    leading, rest = _leading_words(args_list)
+    parser, commands = _parsers()
+    if rest[:1] == ["spawn"]:
+        from gaudi_cluster import spawn
+
+        # gaudi_spawn.py's flags and the script's own arguments pass through to its parser.
+        return spawn.main(
+            [*[w for w in leading if w in ("-v", "--verbose")], *rest[1:]], "gaudi-cluster spawn"
+        )
+    if rest[:1] == ["aws"]:
+        from gaudi_cluster.aws.cli import main as aws_main
+
+        return aws_main(rest[1:])
+    if rest[:1] == ["master"]:
+        flags, job = _split_job(commands["master"], rest[1:])
+        args = parser.parse_args([*leading, "master", *flags])
+        args.job = job
+    else:
+        args = parser.parse_args(args_list)
     _configure_logging(args.verbose)
     if args.command is None:
         parser.print_help()
         return 2
-    try:
-        return _dispatch(args)
-    except GaudiClusterError as error:
-        print(f"gaudi-cluster: error: {error}", file=sys.stderr)
-        return error.exit_code
+    return _dispatch(args)
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -102,11 +267,16 @@ def _dispatch(args: argparse.Namespace) -> int:
         killed = reap_job(Path(args.job_root), args.job_id)
         log.info("job %s: %d leftover processes killed", args.job_id, len(killed))
         return 0
+    if args.command == "probe":
+        from gaudi_cluster import probe
+
+        return probe.run(args.path, args.accelerator, args.slots, args.check_efa, args.stage, args.job_root)
     if args.command == "hostfile":
         from gaudi_cluster.hostfile import read_hostfile, render_hostfile
 
         hostfile = read_hostfile(args.path)
         sys.stdout.write(render_hostfile(hostfile))
+        print(f"{args.path}: {len(hostfile.entries)} nodes, {hostfile.world_size} slots", file=sys.stderr)
         return 0
     config = resolve_config(vars(args), os.environ)
     if args.command == "doctor":
@@ -120,16 +290,5 @@ def _dispatch(args: argparse.Namespace) -> int:
     return master.run_master(config, args.job, os.environ, sys.stdout)
 
 
-def _spawn(argv: list[str]) -> int:
-    from gaudi_cluster.config import parse_bool
-    from gaudi_cluster.spawn import spawn_main
-
-    _configure_logging(False)
-    dry_run = parse_bool(os.environ.get("GAUDI_CLUSTER_DRY_RUN", "0"))
-    if argv[:1] == ["--dry-run"]:
-        dry_run, argv = True, argv[1:]
-    try:
-        return spawn_main(argv, dry_run=dry_run)
-    except GaudiClusterError as error:
-        print(f"gaudi-cluster: error: {error}", file=sys.stderr)
-        return error.exit_code
+if __name__ == "__main__":
+    sys.exit(main())

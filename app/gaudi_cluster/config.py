@@ -9,83 +9,27 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from gaudi_cluster.envfile import is_secret
 from gaudi_cluster.errors import ConfigError
+from gaudi_cluster.setting_types import (
+    SettingError,
+    assignments,
+    choice,
+    non_negative_int,
+    parse_bool,
+    port,
+    positive_int,
+    seconds,
+    text,
+    variable_names,
+)
 
 ENV_PREFIX = "GAUDI_CLUSTER_"
 DEFAULT_JOB_ROOT = "/run/gaudi-cluster/jobs"
-
-# The one set of words that mean yes/no, for every switch read from the environment.
-TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
-FALSE_WORDS = frozenset({"0", "false", "no", "off", ""})
-
-
-def parse_bool(value: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered in TRUE_WORDS:
-        return True
-    if lowered in FALSE_WORDS:
-        return False
-    raise ValueError("must be one of 1/0, true/false, yes/no, on/off")
-
-
-def _integer(value: str) -> int:
-    try:
-        return int(value.strip())
-    except ValueError:
-        raise ValueError("must be an integer") from None
-
-
-def _positive_int(value: str) -> int:
-    number = _integer(value)
-    if number <= 0:
-        raise ValueError("must be a positive integer")
-    return number
-
-
-def _non_negative_int(value: str) -> int:
-    number = _integer(value)
-    if number < 0:
-        raise ValueError("must be 0 or more")
-    return number
-
-
-def _port(value: str) -> int:
-    number = _integer(value)
-    if not 1 <= number <= 65535:
-        raise ValueError("must be a port number between 1 and 65535")
-    return number
-
-
-def _seconds(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise ValueError("must be a number of seconds") from None
-    if not math.isfinite(number) or number <= 0:
-        raise ValueError("must be a positive, finite number of seconds")
-    return number
-
-
-def _text(value: str) -> str:
-    if not value.strip():
-        raise ValueError("must not be empty")
-    return value.strip()
-
-
-def _choice(*choices: str) -> Callable[[str], str]:
-    def parse(value: str) -> str:
-        if value not in choices:
-            raise ValueError(f"must be one of {', '.join(choices)}")
-        return value
-
-    parse.choices = choices  # type: ignore[attr-defined]
-    return parse
 
 
 def setting(
@@ -95,67 +39,92 @@ def setting(
     example: str,
     *,
     switch: bool = False,
-    aliases: tuple[str, ...] = (),
+    repeatable: bool = False,
+    echo: bool = True,
 ) -> Any:
-    """A ClusterConfig field: its default plus what the CLI and the environment layer need."""
-    metadata = {"parse": parse, "help": help, "example": example, "switch": switch, "aliases": aliases}
+    """A ClusterConfig field: its default plus what the CLI and the environment layer need.
+
+    repeatable: the flag may be given several times (its values are joined with ';');
+    echo: whether a bad value may be repeated in the error (not for values that may hold secrets).
+    """
+    metadata = {
+        "parse": parse,
+        "help": help,
+        "example": example,
+        "switch": switch,
+        "repeatable": repeatable,
+        "echo": echo,
+    }
     return field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True)
 class ClusterConfig:
     peers: str | None = setting(
-        None, _text, "static list of the other nodes, entries host or host:slots", "worker-1,worker-2:8"
+        None, text, "static list of the other nodes, entries host or host:slots", "worker-1,worker-2:8"
     )
     peers_dns: str | None = setting(
-        None, _text, "DNS name resolving to every other node (compose service, headless service)", "worker"
+        None, text, "DNS name resolving to every other node (compose service, headless service)", "worker"
     )
     hostfile: str | None = setting(
-        None, _text, "existing hostfile listing every node, master first (host slots=N)", "/job/hostfile"
+        None, text, "existing hostfile listing every node, master first (host slots=N)", "/job/hostfile"
     )
     nodes: int | None = setting(
-        None, _positive_int, "expected number of nodes, master included; wait until all are found", "3"
+        None, positive_int, "expected number of nodes, master included; wait until all are found", "3"
     )
     wait_timeout: float = setting(
-        120.0, _seconds, "one deadline (s) for discovery, sshd readiness and probes", "300"
+        120.0, seconds, "one deadline (s) for discovery, sshd readiness and probes", "300"
     )
-    ssh_port: int = setting(3022, _port, "sshd port on every node", "2222")
+    ssh_port: int = setting(3022, port, "sshd port on every node", "2222")
     ssh_dir: str = setting(
-        "/run/secrets/gaudi-cluster", _text, "directory holding the cluster key id_ed25519", "/keys"
+        "/run/secrets/gaudi-cluster", text, "directory holding the cluster key id_ed25519", "/keys"
     )
     accelerator: str = setting(
-        "auto", _choice("auto", "hpu", "cuda", "cpu"), "device kind (auto: what the master has)", "hpu"
+        "auto", choice("auto", "hpu", "cuda", "cpu"), "device kind (auto: what the master has)", "hpu"
     )
     slots: int | None = setting(
-        None, _positive_int, "ranks per node (default: devices detected; 1 on cpu)", "2"
+        None, positive_int, "ranks per node (default: devices detected; 1 on cpu)", "2"
     )
     launcher: str = setting(
-        "deepspeed", _choice("deepspeed", "mpirun", "torchrun"), "how the ranks are started", "mpirun"
+        "deepspeed", choice("deepspeed", "mpirun", "torchrun"), "how the ranks are started", "mpirun"
     )
     master_addr: str | None = setting(
-        None, _text, "address the ranks rendezvous on (default: the master's interface)", "10.0.0.1"
+        None, text, "address the ranks rendezvous on (default: the master's interface)", "10.0.0.1"
     )
-    master_port: int = setting(29500, _port, "torch.distributed rendezvous port", "29600")
-    control_port: int = setting(29400, _port, "port of the master's job control channel", "29401")
+    master_port: int = setting(29500, port, "torch.distributed rendezvous port", "29600")
+    control_port: int = setting(29400, port, "port of the master's job control channel", "29401")
     env_preset: str = setting(
-        "auto", _choice("auto", "efa", "gaudinic", "cpu", "none"), ".deepspeed_env preset", "efa"
+        "auto", choice("auto", "efa", "gaudinic", "cpu", "none"), ".deepspeed_env preset", "efa"
     )
-    env: str = setting(
-        "", str, "extra variables for every rank, K=V separated by ';'", "HCCL_DEBUG=1;FOO=bar"
+    env: tuple[tuple[str, str], ...] = setting(
+        (),
+        assignments,
+        "extra variable(s) for every rank: K=V, or several as 'K=V;K=V'; repeatable",
+        "HCCL_DEBUG=1;FOO=bar",
+        repeatable=True,
+        echo=False,
     )
-    socket_ifname: str | None = setting(None, _text, "network interface for HCCL/GLOO/NCCL sockets", "eth0")
+    env_pass: tuple[str, ...] = setting(
+        (),
+        variable_names,
+        "forward these variables of the master's environment (secrets included) to every rank through "
+        "a 0600 file on each node, never a command line; comma list, repeatable",
+        "HF_TOKEN",
+        repeatable=True,
+    )
+    socket_ifname: str | None = setting(None, text, "network interface for HCCL/GLOO/NCCL sockets", "eth0")
     heartbeat_timeout: float = setting(
-        10.0, _seconds, "seconds without heartbeat before a node counts as lost", "20"
+        10.0, seconds, "seconds without heartbeat before a node counts as lost", "20"
     )
-    start_timeout: float = setting(120.0, _seconds, "seconds for every rank to check in after launch", "300")
+    start_timeout: float = setting(120.0, seconds, "seconds for every rank to check in after launch", "300")
     stuck_timeout: float = setting(
-        600.0, _seconds, "seconds without training progress before a rank counts as stuck", "1800"
+        600.0, seconds, "seconds without training progress before a rank counts as stuck", "1800"
     )
     stop_grace: float = setting(
-        8.0, _seconds, "seconds ranks get to save and exit after a stop (fits docker stop's 10 s)", "20"
+        8.0, seconds, "seconds ranks get to save and exit after a stop (fits docker stop's 10 s)", "20"
     )
     max_restarts: int = setting(
-        0, _non_negative_int, "re-run a failed job up to N times (resumes from checkpoints)", "1"
+        0, non_negative_int, "re-run a failed job up to N times (resumes from checkpoints)", "1"
     )
     skip_doctor: bool = setting(
         False, parse_bool, "skip the preflight checks before launch", "1", switch=True
@@ -170,12 +139,12 @@ class ClusterConfig:
         "1",
         switch=True,
     )
-    job_root: str = setting(DEFAULT_JOB_ROOT, _text, "where per-job state lives on every node", "/tmp/jobs")
+    job_root: str = setting(DEFAULT_JOB_ROOT, text, "where per-job state lives on every node", "/tmp/jobs")
 
     def describe(self) -> str:
         """One line with every non-default setting, for the log."""
         changed = [
-            f"{f.name}={_redacted(f.name, getattr(self, f.name))!r}"
+            f"{f.name}={_redacted(f.name, getattr(self, f.name))}"
             for f in dataclasses.fields(self)
             if getattr(self, f.name) != f.default
         ]
@@ -192,11 +161,17 @@ class Setting:
     help: str
     example: str
     switch: bool
-    aliases: tuple[str, ...]
+    repeatable: bool
+    echo: bool
 
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        """torchrun's and DeepSpeed's spelling (--master_port) next to ours (--master-port)."""
+        return ("--" + self.name,) if "_" in self.name else ()
 
     @property
     def env(self) -> str:
@@ -207,41 +182,46 @@ SETTINGS: tuple[Setting, ...] = tuple(
     Setting(
         f.name,
         f.default,
-        aliases=f.metadata["aliases"],
-        **{key: f.metadata[key] for key in ("parse", "help", "example", "switch")},
+        **{key: f.metadata[key] for key in ("parse", "help", "example", "switch", "repeatable", "echo")},
     )
     for f in dataclasses.fields(ClusterConfig)
 )
 PEER_SOURCES = ("peers", "peers_dns", "hostfile")
 
 
-def _redacted(name: str, value: Any) -> Any:
-    """Values of secret-looking variables in --env never reach a log line."""
-    if name != "env" or not value:
-        return value
-    entries = []
-    for entry in str(value).split(";"):
-        key, sep, _ = entry.partition("=")
-        entries.append(f"{key}=***" if sep and is_secret(key.strip()) else entry)
-    return ";".join(entries)
+def _redacted(name: str, value: Any) -> str:
+    """Values of --env reach the log line only for names that cannot be secrets."""
+    if name != "env":
+        return repr(value)
+    return repr(";".join(f"{key}={'***' if is_secret(key) else shown}" for key, shown in value))
 
 
 def add_config_flags(parser: argparse.ArgumentParser, names: Iterable[str] | None = None) -> None:
-    """One flag per setting; flags default to None so that the env layer can tell 'not given'."""
+    """One flag per setting; flags default to None so that the env layer can tell 'not given'.
+
+    The underscore spelling of a flag is accepted too and left out of --help.
+    """
     wanted = None if names is None else set(names)
     for s in SETTINGS:
         if wanted is not None and s.name not in wanted:
             continue
         choices = getattr(s.parse, "choices", None)
         shown = f"; one of {', '.join(choices)}" if choices else ""
-        help_text = f"{s.help}{shown} (env {s.env}; default {s.default})"
+        default = "" if s.default in (None, ()) else f"; default {s.default}"
+        help_text = f"{s.help}{shown} (env {s.env}{default})"
         if s.switch:
-            parser.add_argument(
-                s.flag, *s.aliases, dest=s.name, action="store_const", const="1", help=help_text
-            )
+            parser.add_argument(s.flag, dest=s.name, action="store_const", const="1", help=help_text)
         else:
-            metavar = s.name.upper() if not choices else "{" + ",".join(choices) + "}"
-            parser.add_argument(s.flag, *s.aliases, dest=s.name, metavar=metavar, help=help_text)
+            metavar = "{" + ",".join(choices) + "}" if choices else s.name.upper()
+            action = "append" if s.repeatable else "store"
+            parser.add_argument(s.flag, dest=s.name, metavar=metavar, action=action, help=help_text)
+        for alias in s.aliases:
+            kwargs: dict[str, Any] = (
+                {"action": "store_const", "const": "1"}
+                if s.switch
+                else {"action": "append" if s.repeatable else "store"}
+            )
+            parser.add_argument(alias, dest=s.name, help=argparse.SUPPRESS, **kwargs)
 
 
 def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str]) -> ClusterConfig:
@@ -252,6 +232,8 @@ def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str]) -> Clus
     for s in SETTINGS:
         raw = flags.get(s.name)
         source = s.flag
+        if isinstance(raw, list):  # a repeatable flag given several times
+            raw = ";".join(raw)
         if raw is None and not (flag_sources and s.name in PEER_SOURCES):
             # An empty variable means unset (compose files often write NAME= to clear one).
             raw = environ.get(s.env) or None
@@ -261,8 +243,20 @@ def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str]) -> Clus
         try:
             values[s.name] = s.parse(raw)
         except ValueError as error:
-            separator = " " if source.startswith("--") else "="
-            raise ConfigError(
-                f"{source}={raw!r} is invalid: {error}; fix: e.g. {source}{separator}{s.example}"
-            ) from None
-    return ClusterConfig(**values)
+            shown = f"={raw!r}" if s.echo else ""
+            fix = error.fix if isinstance(error, SettingError) else _example(source, s)
+            raise ConfigError(f"{source}{shown} is invalid: {error}; fix: {fix}") from None
+    config = ClusterConfig(**values)
+    if config.master_port == config.control_port:
+        raise ConfigError(
+            f"the rendezvous port (--master-port) and the control port (--control-port) are both "
+            f"{config.master_port}; fix: give them different ports (defaults 29500 and 29400)"
+        )
+    return config
+
+
+def _example(source: str, s: Setting) -> str:
+    if source.startswith("--"):
+        example = f"'{s.example}'" if any(c in s.example for c in ";, ") else s.example
+        return f"e.g. {source} {example}"
+    return f"e.g. {source}={s.example}"

@@ -1,89 +1,31 @@
-"""The job control channel between the master (server) and every rank agent (client).
+"""The master's side of the job control channel: one connection per rank agent (client in `channel`).
 
 One TCP connection per rank carries newline-delimited JSON both ways. It is how the master learns
 within a second that a rank exited or a node vanished (the connection closes, or heartbeats stop on
 a network partition), and how it stops this job's ranks on every node without ssh or pkill.
-The messages are listed in docs/architecture.md ("Rank agent protocol").
+Nothing is accepted before the mutual handshake of `protocol`; the master admits only the (rank,
+host) pairs it launched, each once. The messages are listed in docs/architecture.md.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import queue
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gaudi_cluster import protocol
+from gaudi_cluster.channel import Channel
+
 log = logging.getLogger("gaudi_cluster.control")
 
-BEAT_INTERVAL_S = 1.0
-
-
-class Channel:
-    """A socket speaking newline-delimited JSON, safe to send on from several threads."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self._sock = sock
-        self._reader = sock.makefile("rb")
-        self._send_lock = threading.Lock()
-        self.closed = False
-
-    def send(self, message: dict[str, Any]) -> bool:
-        data = (json.dumps(message, separators=(",", ":")) + "\n").encode()
-        with self._send_lock:
-            if self.closed:
-                return False
-            try:
-                self._sock.sendall(data)
-                return True
-            except OSError:
-                self.closed = True
-                return False
-
-    def receive(self) -> dict[str, Any] | None:
-        """The next message, or None once the peer closed or the connection broke."""
-        try:
-            line = self._reader.readline()
-        except OSError:
-            line = b""
-        if not line:
-            self.closed = True
-            return None
-        try:
-            message = json.loads(line)
-        except ValueError:
-            log.warning("ignoring a malformed control message: %r", line[:200])
-            return {}
-        return message if isinstance(message, dict) else {}
-
-    def close(self) -> None:
-        self.closed = True
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)
-        self._sock.close()
-
-
-def connect(address: str, timeout_s: float) -> Channel:
-    """Connect to HOST:PORT, retrying until timeout_s (the master may still be binding)."""
-    host, _, port = address.rpartition(":")
-    deadline = time.monotonic() + timeout_s
-    last_error: OSError | None = None
-    while time.monotonic() < deadline:
-        try:
-            sock = socket.create_connection((host.strip("[]"), int(port)), timeout=5)
-            sock.settimeout(None)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return Channel(sock)
-        except OSError as error:
-            last_error = error
-            time.sleep(0.2)
-    raise ConnectionError(f"cannot reach the master's control channel at {address}: {last_error}")
+SPARE_CONNECTIONS = 8  # beyond one per expected rank: reconnects, probes by operators
 
 
 @dataclass
@@ -116,12 +58,12 @@ class ControlEvent:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+class Refused(Exception):
+    """A connection the master turns away (logged once per peer and reason)."""
 
 
 class ControlServer:
-    """Accepts rank agents of one job and turns what happens to them into ControlEvents."""
+    """Accepts the rank agents of one job attempt and turns what happens to them into ControlEvents."""
 
     def __init__(
         self,
@@ -129,13 +71,20 @@ class ControlServer:
         port: int,
         job_id: str,
         heartbeat_timeout_s: float,
+        token: str,
+        expected: Mapping[int, str],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.job_id = job_id
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.events: queue.Queue[ControlEvent] = queue.Queue()
+        self._token = token
+        self._expected = dict(expected)  # rank -> the host name its node reported
+        self._max_connections = len(self._expected) + SPARE_CONNECTIONS
         self._clock = clock
         self._agents: dict[int, AgentState] = {}
+        self._open = 0
+        self._logged: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._listener = socket.create_server((bind, port), reuse_port=False, backlog=1024)
@@ -182,59 +131,112 @@ class ControlServer:
 
     # --- threads --------------------------------------------------------------------------------
 
+    def _refuse(self, peer: str, reason: str) -> None:
+        with self._lock:
+            first = (peer, reason) not in self._logged
+            self._logged.add((peer, reason))
+        if first:
+            log.warning("control channel: refused %s: %s", peer, reason)
+
     def _accept_loop(self) -> None:
         while not self._stopping.is_set():
             try:
-                sock, _ = self._listener.accept()
+                sock, address = self._listener.accept()
             except OSError:
                 return
+            peer = str(address[0])
+            with self._lock:
+                full = self._open >= self._max_connections
+                self._open += 0 if full else 1
+            if full:
+                sock.close()
+                self._refuse(peer, f"more than {self._max_connections} connections at once")
+                continue
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             threading.Thread(
-                target=self._serve, args=(Channel(sock),), name="control-agent", daemon=True
+                target=self._serve, args=(Channel(sock), peer), name="control-agent", daemon=True
             ).start()
 
-    def _serve(self, channel: Channel) -> None:
-        hello = channel.receive()
-        if not hello or hello.get("type") != "hello" or hello.get("job") != self.job_id:
-            # A rank of another (older) job must not be mistaken for one of ours.
-            channel.send({"type": "stop", "grace": 0, "reason": "unknown job"})
+    def _serve(self, channel: Channel, peer: str) -> None:
+        try:
+            agent = self._admit(channel)
+        except Refused as refused:
+            channel.send({"type": "refused", "reason": str(refused)})
             channel.close()
+            self._refuse(peer, str(refused))
+            self._release()
             return
-        agent = AgentState(
-            host=str(hello.get("host")),
-            rank=int(hello.get("rank", -1)),
-            pid=int(hello.get("pid", 0)),
-            channel=channel,
-            last_seen=self._clock(),
-        )
-        with self._lock:
-            self._agents[agent.rank] = agent
         self.events.put(ControlEvent("hello", agent.host, agent.rank, {"pid": agent.pid}))
         while (message := channel.receive()) is not None:
+            why = protocol.problem(message)
+            if why is not None or message["type"] == "hello":
+                self._refuse(f"{peer} (rank {agent.rank})", f"dropped a message: {why or 'a second hello'}")
+                continue
             self._record(agent, message)
+        if channel.close_reason.startswith("a line over"):
+            self._refuse(f"{peer} (rank {agent.rank})", f"closed: {channel.close_reason}")
         with self._lock:
             reported = agent.exited
+            if self._agents.get(agent.rank) is agent:
+                del self._agents[agent.rank]  # the rank may reconnect (its agent retries)
+        self._release()
         if not reported and not self._stopping.is_set():
             self.events.put(ControlEvent("lost", agent.host, agent.rank, {"reason": "connection closed"}))
 
+    def _release(self) -> None:
+        with self._lock:
+            self._open -= 1
+
+    def _admit(self, channel: Channel) -> AgentState:
+        """The master's side of the handshake; Refused unless the peer is a rank this attempt launched."""
+        nonce = protocol.new_nonce()
+        channel.settimeout(protocol.HANDSHAKE_TIMEOUT_S)
+        channel.send({"type": "challenge", "nonce": nonce, "job": self.job_id})
+        hello = channel.receive()
+        if hello is None:
+            raise Refused(f"no hello within {protocol.HANDSHAKE_TIMEOUT_S:.0f}s ({channel.close_reason})")
+        why = protocol.problem(hello)
+        if why is None and hello["type"] != "hello":
+            why = f"{hello['type']} before the handshake"
+        if why is not None:
+            raise Refused(why)
+        if hello["job"] != self.job_id:
+            raise Refused(f"hello for another job ({str(hello['job'])[:40]})")
+        rank, host = hello["rank"], hello["host"]
+        if not protocol.same_mac(
+            protocol.hello_mac(self._token, nonce, self.job_id, host, rank), hello["mac"]
+        ):
+            raise Refused(f"wrong job secret for rank {rank} from host {host}")
+        if self._expected.get(rank) != host:
+            raise Refused(f"rank {rank} on host {host} was not launched by this job")
+        agent = AgentState(host=host, rank=rank, pid=hello["pid"], channel=channel, last_seen=self._clock())
+        with self._lock:
+            if rank in self._agents:
+                raise Refused(f"rank {rank} is already connected")
+            self._agents[rank] = agent
+        channel.settimeout(None)
+        channel.send(
+            {"type": "welcome", "mac": protocol.welcome_mac(self._token, hello["nonce"], self.job_id, rank)}
+        )
+        return agent
+
     def _record(self, agent: AgentState, message: dict[str, Any]) -> None:
         now = self._clock()
-        kind = message.get("type")
+        kind = message["type"]
         with self._lock:
             agent.last_seen = now
             if kind == "beat":
-                step = message.get("step")
-                agent.step = step if isinstance(step, int) and not isinstance(step, bool) else agent.step
-                age = _number(message.get("progress_age"))
-                if age is not None:
-                    agent.progress_age, agent.progress_received = age, now
+                agent.step = message.get("step", agent.step)
+                if message.get("progress_age") is not None:
+                    agent.progress_age, agent.progress_received = float(message["progress_age"]), now
             elif kind == "exit":
                 agent.exited = True
         if kind == "exit":
-            self.events.put(ControlEvent("exit", agent.host, agent.rank, message))
+            detail = {**message, "tail": protocol.trimmed_tail(message.get("tail", []))}
+            self.events.put(ControlEvent("exit", agent.host, agent.rank, detail))
 
     def _beat_loop(self) -> None:
-        while not self._stopping.wait(BEAT_INTERVAL_S):
+        while not self._stopping.wait(protocol.BEAT_INTERVAL_S):
             now = self._clock()
             lost: list[tuple[AgentState, float]] = []
             with self._lock:

@@ -13,7 +13,7 @@ from typing import TextIO
 
 from gaudi_cluster import checks
 from gaudi_cluster.config import ClusterConfig
-from gaudi_cluster.prepare import job_env_for
+from gaudi_cluster.prepare import job_env_for, user_env_files
 from gaudi_cluster.program import program_from_args, required_paths, resolve_accelerator
 from gaudi_cluster.survey import survey_nodes
 
@@ -24,7 +24,7 @@ def run_doctor(
     program = program_from_args([], sys.executable, resolve_accelerator(config.accelerator, environ), environ)
     survey = survey_nodes(config, required_paths(program, os.getcwd()), environ)
     accelerator = resolve_accelerator(config.accelerator, environ, survey.master_report)
-    env_file = job_env_for(config, accelerator, survey, environ)
+    env_file = job_env_for(config, accelerator, survey, environ, user_env_files(environ))
     findings = checks.check_nodes(
         survey.reports,
         survey.unreachable,

@@ -1,25 +1,28 @@
-"""The .deepspeed_env file: what the ranks on other nodes get of the master's environment.
+"""The .deepspeed_env file as a value: what may go into it, how it is rendered and read. Pure.
 
 sshd gives the remote ranks a fresh environment, and DeepSpeed forwards almost nothing on HPU, so
 this file is the channel. Its reader is naive (split on the first '=', strip, wrap in double
 quotes when the value has characters outside [\\w@%+=:,./-]) and the result is pasted as
 `export K="V";` into the pdsh command line, where pdsh substitutes %h/%u/%n and the remote shell
-expands $, backticks and backslashes. Values that would not survive that verbatim are refused.
-Exports also appear in `ps` and logs, so secrets never go in.
+expands $, backticks and backslashes. Values that would not survive that verbatim, and secrets
+(exports show in `ps` and logs), travel in the job's private file instead (see `jobenv`).
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 import unicodedata
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from gaudi_cluster.errors import ConfigError
 
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-SECRET_RE = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIAL", re.IGNORECASE)
+# Whole parts of a name (split on "_") that mark a secret: HF_TOKEN, AWS_SECRET_ACCESS_KEY, DB_PASSWORD,
+# but not TOKENIZERS_PARALLELISM, KEYBOARD or HCCL_KEYS.
+SECRET_PARTS = frozenset({"TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "CREDENTIALS"})
+SECRET_PART_SUFFIXES = ("PASSWORD", "PASSWD", "APIKEY")  # PGPASSWORD, OPENAI_APIKEY
 
 ALLOW_PREFIXES: tuple[str, ...] = (
     "HCCL_",
@@ -83,13 +86,27 @@ class EnvFile:
     items: tuple[tuple[str, str], ...]
     # (name, reason) of master variables that matched the allow-list but were not forwarded.
     dropped: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    # Delivered to the ranks through the job's 0600 file on each node, never on a command line.
+    private: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
+    # Names the user's own .deepspeed_env files set, and those of them that replaced another value.
+    from_user: tuple[str, ...] = field(default=(), compare=False)
+    overridden: tuple[str, ...] = field(default=(), compare=False)
 
     def as_dict(self) -> dict[str, str]:
         return dict(self.items)
 
 
 def is_secret(name: str) -> bool:
-    return bool(SECRET_RE.search(name))
+    """Whether a variable name marks a secret, judged on whole name parts."""
+    parts = [part for part in name.upper().split("_") if part]
+    if not parts:
+        return False
+    if any(part in SECRET_PARTS or part.endswith(SECRET_PART_SUFFIXES) for part in parts):
+        return True
+    # *_KEY (API_KEY, ACCESS_KEY, SSH_KEY) is a key; *_KEY_ID, *_KEY_FILE, *_KEY_PATH name one.
+    if parts[-1] == "KEY":
+        return True
+    return any(a == "PRIVATE" and b == "KEY" for a, b in itertools.pairwise(parts))
 
 
 def is_forwarded(name: str) -> bool:
@@ -100,7 +117,7 @@ def is_forwarded(name: str) -> bool:
 
 
 def value_problem(value: str) -> str | None:
-    """Why `value` would not reach the remote rank verbatim, or None."""
+    """Why `value` would not reach the remote rank verbatim through pdsh and a shell, or None."""
     if "\n" in value or "\r" in value:
         return "contains a newline"
     if "\0" in value:
@@ -115,156 +132,22 @@ def value_problem(value: str) -> str | None:
     return None
 
 
-def check_variable(name: str, value: str, where: str) -> None:
-    """Raise ConfigError unless NAME=value can go into the env file; `where` names the origin."""
+def check_name(name: str, where: str) -> None:
     if not NAME_RE.fullmatch(name):
         raise ConfigError(f"{where}: '{name}' is not a valid variable name; fix: use [A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_variable(name: str, value: str, where: str) -> None:
+    """Raise ConfigError unless NAME=value can go into the env file; `where` names the origin."""
+    check_name(name, where)
     if is_secret(name):
         raise ConfigError(
             f"{where}: {name} looks like a secret and the env file is pasted into the pdsh command line "
-            "(visible in ps and logs); fix: pass it another way (a mounted file, a login on each node)"
+            f"(visible in ps and logs); fix: export it on the master and pass --env-pass {name}"
         )
     problem = value_problem(value)
     if problem:
         raise ConfigError(f"{where}: value of {name} {problem}; fix: remove those characters from the value")
-
-
-def _prepend_paths(first: Sequence[str], existing: str | None) -> str:
-    parts = list(first)
-    for p in (existing or "").split(":"):
-        if p and p not in parts:
-            parts.append(p)
-    return ":".join(parts)
-
-
-def preset_efa(
-    environ: Mapping[str, str], socket_ifname: str | None, *, ofi_wrapper_dir: str = "/usr/lib/habanalabs"
-) -> dict[str, str]:
-    out = {
-        "HCCL_OVER_OFI": "1",
-        "LD_LIBRARY_PATH": _prepend_paths(
-            [ofi_wrapper_dir, "/opt/amazon/openmpi/lib", "/opt/amazon/efa/lib"],
-            environ.get("LD_LIBRARY_PATH"),
-        ),
-        "FI_EFA_USE_DEVICE_RDMA": "1",
-        "RDMAV_FORK_SAFE": "1",
-    }
-    if socket_ifname:
-        out["HCCL_SOCKET_IFNAME"] = socket_ifname
-    return out
-
-
-GAUDINIC_DEFAULTS: dict[str, str] = {
-    "GC_KERNEL_PATH": "/usr/lib/habanalabs/libtpc_kernels.so",
-    "HABANA_LOGS": "/var/log/habana_logs/",
-    "HABANA_SCAL_BIN_PATH": "/opt/habanalabs/engines_fw",
-    "HABANA_PLUGINS_LIB_PATH": "/opt/habanalabs/habana_plugins",
-    "DATA_LOADER_AEON_LIB_PATH": "/usr/lib/habanalabs/libaeon.so",
-}
-
-
-def preset_gaudinic(environ: Mapping[str, str], socket_ifname: str | None) -> dict[str, str]:
-    # The image's own values win: the defaults only cover an environment that lacks them.
-    out = {k: environ.get(k) or v for k, v in GAUDINIC_DEFAULTS.items()}
-    if socket_ifname:
-        out["HCCL_SOCKET_IFNAME"] = socket_ifname
-    return out
-
-
-def preset_cpu(environ: Mapping[str, str], socket_ifname: str | None) -> dict[str, str]:
-    out = {"DS_ACCELERATOR": "cpu"}
-    if socket_ifname:
-        out["GLOO_SOCKET_IFNAME"] = socket_ifname
-    return out
-
-
-def preset_none(environ: Mapping[str, str], socket_ifname: str | None) -> dict[str, str]:
-    return {}
-
-
-PRESETS: dict[str, Callable[[Mapping[str, str], str | None], dict[str, str]]] = {
-    "efa": preset_efa,
-    "gaudinic": preset_gaudinic,
-    "cpu": preset_cpu,
-    "none": preset_none,
-}
-
-
-def auto_preset(accelerator: str, master_report: Mapping[str, Any]) -> str:
-    """The preset for `--env-preset auto`, from the device kind and what the master's probe saw."""
-    if accelerator == "cpu":
-        return "cpu"
-    if accelerator == "hpu":
-        # EFA shows up as uverbs devices plus a working efa provider (AWS DL1); else Gaudi NICs.
-        efa = master_report.get("uverbs_devices") and master_report.get("efa_provider")
-        return "efa" if efa else "gaudinic"
-    return "none"
-
-
-def collective_timeouts(accelerator: str) -> dict[str, str]:
-    """Collective timeouts per backend: gloo on CPU fails fast; HCCL graph compiles take longer."""
-    minutes = "5" if accelerator == "cpu" else "30"
-    return {"DEEPSPEED_TIMEOUT": minutes, "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
-
-
-def job_env(
-    *,
-    preset: str,
-    accelerator: str,
-    master_report: Mapping[str, Any],
-    environ: Mapping[str, str],
-    socket_ifname: str | None,
-    extra: Mapping[str, str],
-) -> EnvFile:
-    """The job's env file: the master's allow-listed variables, the preset, timeouts, then `extra`."""
-    chosen = auto_preset(accelerator, master_report) if preset == "auto" else preset
-    return build_env_file(environ, chosen, {**collective_timeouts(accelerator), **extra}, socket_ifname)
-
-
-def default_socket_ifname(ifnames: Sequence[str]) -> str | None:
-    """First interface that is neither loopback nor a docker bridge, in the given (ifindex) order."""
-    for name in ifnames:
-        if not name.startswith(("lo", "docker")):
-            return name
-    return None
-
-
-def build_env_file(
-    environ: Mapping[str, str],
-    preset: str,
-    extra: Mapping[str, str],
-    socket_ifname: str | None,
-) -> EnvFile:
-    if preset not in PRESETS:
-        raise ConfigError(
-            f"GAUDI_CLUSTER_ENV_PRESET='{preset}' is unknown; fix: use one of {', '.join(sorted(PRESETS))}"
-        )
-    values: dict[str, str] = {}
-    dropped: list[tuple[str, str]] = []
-    for name in sorted(environ):
-        if not is_forwarded(name):
-            continue
-        if is_secret(name):
-            dropped.append((name, "looks like a secret"))
-            continue
-        problem = value_problem(environ[name])
-        if problem:
-            dropped.append((name, problem))
-            continue
-        values[name] = environ[name]
-    for name, value in PRESETS[preset](environ, socket_ifname).items():
-        check_variable(name, value, f"env preset '{preset}'")
-        values[name] = value
-    for name, value in extra.items():
-        where = f"extra variable {name} (GAUDI_CLUSTER_ENV / --env)"
-        if name in LAUNCHER_OWNED:
-            raise ConfigError(
-                f"{where}: {name} is set by the launcher for every rank; fix: drop it "
-                "(use --master-addr/--master-port for the rendezvous)"
-            )
-        check_variable(name, value, where)
-        values[name] = value
-    return EnvFile(tuple(sorted(values.items())), tuple(dropped))
 
 
 def render_env_file(ef: EnvFile) -> str:
@@ -275,7 +158,9 @@ def render_env_file(ef: EnvFile) -> str:
 
 
 def parse_env_file(text: str, source: str = "<env file>") -> EnvFile:
-    """Validate a user-supplied .deepspeed_env (more tolerant on input: blank lines and # comments)."""
+    """A user's .deepspeed_env, read as DeepSpeed reads it (split at the first '=', stripped), but also
+    taking blank lines and # comments, which DeepSpeed's reader would crash on. Values are checked
+    where they are used: a value that pdsh would rewrite goes to the private file instead."""
     values: dict[str, str] = {}
     # Line breaks as DeepSpeed's text-mode readlines() sees them, not str.splitlines()'s wider set.
     for lineno, raw in enumerate(re.split(r"\r\n|\r|\n", text), start=1):
@@ -290,12 +175,13 @@ def parse_env_file(text: str, source: str = "<env file>") -> EnvFile:
             raise ConfigError(
                 f"{where}: '{name}' starts with 'export'; fix: write NAME=value without 'export'"
             )
-        check_variable(name, value, where)
+        check_name(name, where)
         values[name] = value
-    return EnvFile(tuple(sorted(values.items())))
+    return EnvFile(tuple(values.items()))
 
 
-def _pairs(chunks: Iterable[str], source: str) -> dict[str, str]:
+def parse_assignments(chunks: Iterable[str], source: str) -> dict[str, str]:
+    """`NAME=value` items (from --env, GAUDI_CLUSTER_ENV), stripped like DeepSpeed's reader strips."""
     out: dict[str, str] = {}
     for raw in chunks:
         chunk = raw.strip()
@@ -303,22 +189,12 @@ def _pairs(chunks: Iterable[str], source: str) -> dict[str, str]:
             continue
         if "=" not in chunk:
             raise ConfigError(f"{source}: '{chunk}' has no '='; fix: write NAME=value")
-        name, value = chunk.split("=", 1)
-        # Stripped like DeepSpeed's reader strips, so "A=1; B = 2" means what it looks like.
-        name, value = name.strip(), value.strip()
-        if not NAME_RE.fullmatch(name):
-            raise ConfigError(
-                f"{source}: '{name}' is not a valid variable name; fix: use letters, digits and _"
-            )
+        name, value = (part.strip() for part in chunk.split("=", 1))
+        check_name(name, source)
         out[name] = value
     return out
 
 
-def extra_env_from_spec(spec: str, source: str = "GAUDI_CLUSTER_ENV") -> dict[str, str]:
-    """`K=V;K=V` (GAUDI_CLUSTER_ENV); values cannot contain ';' here, use --env for those."""
-    return _pairs(spec.split(";"), source)
-
-
-def extra_env_from_flags(values: Sequence[str], source: str = "--env") -> dict[str, str]:
-    """Repeated `--env K=V` values, each taken whole (a value may contain ';')."""
-    return _pairs(values, source)
+def split_assignments(values: Sequence[str], source: str) -> dict[str, str]:
+    """Repeated `--env` values, each a `K=V` or a `K=V;K=V` list (so no value may contain ';')."""
+    return parse_assignments([chunk for value in values for chunk in value.split(";")], source)

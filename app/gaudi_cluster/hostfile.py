@@ -61,7 +61,20 @@ def _parse_count(value: str) -> int | None:
     return n if n > 0 else None
 
 
+def _invisible_problem(text: str, source: str) -> None:
+    """A BOM or NUL byte (editors and `echo -e` leave them) named where it is, not as a bad host."""
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        for column, char in enumerate(line, start=1):
+            if char in ("\ufeff", "\x00"):
+                name = "a UTF-8 byte order mark" if char == "\ufeff" else "a NUL byte"
+                raise ConfigError(
+                    f"{source}: U+{ord(char):04X} at line {lineno}, column {column} ({name}); "
+                    "fix: save the hostfile as plain UTF-8 text without it"
+                )
+
+
 def parse_hostfile(text: str, source: str = "<hostfile>") -> Hostfile:
+    _invisible_problem(text, source)
     entries: list[HostEntry] = []
     first_line: dict[str, int] = {}
     for lineno, raw in enumerate(text.splitlines(), start=1):
@@ -162,3 +175,56 @@ def render_hostfile(hf: Hostfile) -> str:
 
 def render_mpi_hosts(hf: Hostfile) -> str:
     return ",".join(f"{e.host}:{e.slots}" for e in hf.entries)
+
+
+def _node_specs(text: str, flag: str) -> dict[str, list[int]]:
+    """DeepSpeed's NODE[:SLOT,SLOT...][@NODE...] (slots sorted, duplicates dropped)."""
+    specs: dict[str, list[int]] = {}
+    for spec in text.split("@"):
+        host, _, slots_text = spec.partition(":")
+        if not host:
+            raise ConfigError(f"{flag} '{text}' has an empty host; fix: write host[:0,1][@host2...]")
+        slots: list[int] = []
+        for word in filter(None, slots_text.split(",")):
+            if not re.fullmatch(r"[0-9]+", word):
+                raise ConfigError(f"{flag} '{text}': slot '{word}' is not a number; fix: write host:0,1")
+            slots.append(int(word))
+        specs[host] = sorted(set(specs.get(host, []) + slots))
+    return specs
+
+
+def active_resources(
+    hostfile: Hostfile,
+    include: str = "",
+    exclude: str = "",
+    num_nodes: int | None = None,
+    num_gpus: int | None = None,
+) -> dict[str, list[int]]:
+    """The slots a DeepSpeed launch uses, host by host in hostfile order, as its runner computes them
+    (parse_inclusion_exclusion, then apply_num_nodes_and_gpus)."""
+    pool = {e.host: list(range(e.slots)) for e in hostfile.entries}
+    flag, text = ("--include", include) if include else ("--exclude", exclude)
+    chosen = {host: list(slots) for host, slots in pool.items()} if not include else {}
+    for host, slots in (_node_specs(text, flag) if text else {}).items():
+        if host not in pool:
+            raise ConfigError(
+                f"{flag}: host '{host}' is not in the hostfile; fix: use one of {', '.join(pool)}"
+            )
+        missing = [s for s in slots if s not in pool[host]]
+        if missing:
+            raise ConfigError(
+                f"{flag}: host '{host}' has no slot {missing[0]} (it has {len(pool[host])}); "
+                f"fix: use slots 0-{len(pool[host]) - 1}"
+            )
+        if include:
+            chosen[host] = slots or pool[host]
+        else:
+            chosen[host] = [s for s in chosen[host] if slots and s not in slots]
+    active = {host: chosen[host] for host in pool if chosen.get(host)}
+    if num_nodes:
+        active = dict(list(active.items())[:num_nodes])
+    if num_gpus:
+        active = {host: list(range(num_gpus)) for host in active}
+    if not active:
+        raise ConfigError(f"{flag} '{text}' leaves no slot to run on; fix: select at least one")
+    return active

@@ -12,22 +12,29 @@ import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TextIO
 
-from gaudi_cluster import plan, ssh
+from gaudi_cluster import jobdir, plan, ssh
 from gaudi_cluster.config import ClusterConfig
 from gaudi_cluster.control import ControlServer
 from gaudi_cluster.hostfile import render_hostfile
 from gaudi_cluster.outcome import JobOutcome, should_restart
+from gaudi_cluster.plan import LaunchOptions
 from gaudi_cluster.prepare import PreparedJob, prepare, print_dry_run, stable_hostfile_path
 from gaudi_cluster.program import program_from_args, resolve_accelerator
+from gaudi_cluster.reap import reap_job
 from gaudi_cluster.supervise import Supervisor, SupervisorSettings
 
 log = logging.getLogger("gaudi_cluster.master")
 
 
 def run_master(
-    config: ClusterConfig, job_argv: Sequence[str], environ: Mapping[str, str], out: TextIO
+    config: ClusterConfig,
+    job_argv: Sequence[str],
+    environ: Mapping[str, str],
+    out: TextIO,
+    options: LaunchOptions | None = None,
 ) -> int:
     """Prepare and run the job, re-running it up to --max-restarts times after a failure."""
     log.info("%s", config.describe())
@@ -36,7 +43,7 @@ def run_master(
     )
     attempt = 1
     while True:
-        job = prepare(config, program, environ)
+        job = prepare(config, program, environ, options)
         if config.dry_run:
             print_dry_run(job, out)
             return 0
@@ -53,21 +60,31 @@ def run_master(
 
 def run_prepared(job: PreparedJob, config: ClusterConfig, out: TextIO) -> JobOutcome:
     """Run one attempt under supervision; whatever it leaves behind is reaped on every node."""
-    server = ControlServer("0.0.0.0", config.control_port, job.job_id, config.heartbeat_timeout)
+    # Listen only where the ranks reach the master (loopback for a local job), not on every interface.
+    server = ControlServer(
+        job.control_addr, config.control_port, job.job_id, config.heartbeat_timeout, job.token, job.rank_hosts
+    )
     server.start()
     settings = SupervisorSettings(
         start_timeout_s=config.start_timeout,
         stuck_timeout_s=config.stuck_timeout,
         stop_grace_s=config.stop_grace,
     )
-    slots = {e.host: e.slots for e in job.hostfile.entries}
-    supervisor = Supervisor(job.job_id, job.plan, server, slots, settings, out)
+    supervisor = Supervisor(
+        job.job_id,
+        job.plan,
+        server,
+        job.ranks_by_host,
+        settings,
+        out,
+        on_all_started=lambda: remove_private_files(job, config),
+    )
     supervisor.install_signal_handlers()
     log.info(
         "job %s: %d ranks on %d nodes; launching: %s",
         job.job_id,
-        job.hostfile.world_size,
-        len(job.hostfile.entries),
+        job.world_size,
+        len(job.ranks_by_host),
         plan.render_shell(job.plan),
     )
     started = time.monotonic()
@@ -79,15 +96,34 @@ def run_prepared(job: PreparedJob, config: ClusterConfig, out: TextIO) -> JobOut
         reap_everywhere(job, config)
     else:
         out.write(
-            f"gaudi-cluster: job {job.job_id} succeeded: {job.hostfile.world_size} ranks on "
-            f"{len(job.hostfile.entries)} nodes in {time.monotonic() - started:.1f}s\n"
+            f"gaudi-cluster: job {job.job_id} succeeded: {job.world_size} ranks on "
+            f"{len(job.ranks_by_host)} nodes in {time.monotonic() - started:.1f}s\n"
         )
         out.flush()
     return outcome
 
 
+def remove_private_files(job: PreparedJob, config: ClusterConfig) -> None:
+    """Every agent has read its node's private file once all ranks checked in: delete them all."""
+    if job.local:
+        (job.job_dir / jobdir.PRIVATE_FILE).unlink(missing_ok=True)
+        return
+    if job.ssh_config is None:
+        return
+    path = str(jobdir.job_dir(config.job_root, job.job_id) / jobdir.PRIVATE_FILE)
+    results = ssh.run_on_hosts(job.hostfile.hosts, ["rm", "-f", path], job.ssh_config, timeout_s=10)
+    for host, result in results.items():
+        if not result.ok:
+            log.warning(
+                "could not remove the private file of job %s on %s (reap removes it)", job.job_id, host
+            )
+
+
 def reap_everywhere(job: PreparedJob, config: ClusterConfig) -> None:
     """Kill whatever is left of this job (by its pid files) on every node still reachable."""
+    if job.local:
+        reap_job(Path(config.job_root), job.job_id)
+        return
     if job.ssh_config is None:
         return
     cmd = [

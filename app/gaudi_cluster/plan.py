@@ -1,14 +1,12 @@
-"""Launch plans: the exact argv and added environment for deepspeed | mpirun | torchrun. Nothing runs here.
+"""Launch plans as values: the exact argv and added environment of a launch, and what goes into one.
 
 Every rank runs the rank agent (`python -u -m gaudi_cluster.agent --job-id J ... -- program`), which
-owns the child process, the log prefix and the heartbeat. As in DeepSpeed's multinode_runner.py, each
-launcher is one small class whose `plan()` returns the command without running it; `plan_for` picks
-the class from the launcher's name.
+owns the child process, the log prefix and the heartbeat. The launchers that build plans are in
+`launchers`. Nothing runs here.
 """
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
@@ -16,7 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from gaudi_cluster.errors import ConfigError
-from gaudi_cluster.hostfile import Hostfile, render_mpi_hosts
+from gaudi_cluster.hostfile import Hostfile
 
 AGENT_MODULE = "gaudi_cluster.agent"
 
@@ -47,6 +45,7 @@ class AgentSettings:
     job_root: str
     heartbeat_timeout_s: float
     control: str | None  # HOST:PORT of the master's control channel; None: unsupervised
+    local_rank_arg: bool = False  # pass --local_rank=N to the script (DeepSpeed's default); else env only
 
     def args(self, program: Sequence[str]) -> list[str]:
         if not program:
@@ -57,6 +56,8 @@ class AgentSettings:
         args += ["--heartbeat-timeout", f"{self.heartbeat_timeout_s:g}"]
         if self.control:
             args += ["--control", self.control]
+        if self.local_rank_arg:
+            args.append("--local-rank-arg")
         return [*args, "--", *program]
 
 
@@ -80,160 +81,34 @@ def quote_for_pdsh(arg: str) -> str:
     return quoted.replace("%", "%%")
 
 
-def _no_space(value: str, what: str) -> str:
+def no_space(value: str, what: str) -> str:
     if not value or any(c.isspace() for c in value):
         raise ConfigError(f"{what} '{value}' is empty or contains whitespace; fix: use a path without spaces")
     return value
 
 
-def deepspeed_plan(
-    *,
-    hostfile_path: str,
-    master_addr: str,
-    master_port: int,
-    ssh_port: int,
-    env_file_path: str,
-    program: Sequence[str],
-    python: str = sys.executable,
-    ssh_config_path: str | None = None,
-    agent: AgentSettings,
-    module_agent: bool = True,
-) -> LaunchPlan:
-    """`deepspeed` runner over pdsh, always multi-node mode (--force_multi).
+@dataclass(frozen=True)
+class LaunchOptions:
+    """DeepSpeed runner flags a gaudi_spawn.py user passed through, kept with DeepSpeed's meaning."""
 
-    --force_multi keeps a one-host job on the pdsh path too: otherwise the runner starts the
-    ranks directly (no shell, so the quoting below would be wrong) and ignores the env file.
-    DS_ENV_FILE must be absolute: the runner joins it to '~' and '.', and os.path.join returns
-    an absolute second part unchanged (so it reads the same file twice, harmlessly).
-    """
-    if not os.path.isabs(env_file_path):
-        raise ConfigError(
-            f"env file path '{env_file_path}' is relative (DeepSpeed would look for it under ~ and the cwd); "
-            "fix: pass an absolute path"
-        )
-    _no_space(env_file_path, "env file path")
-    argv = [
-        python,
-        "-m",
-        "deepspeed.launcher.runner",
-        "--hostfile",
-        hostfile_path,
-        "--master_addr",
-        master_addr,
-        "--master_port",
-        str(master_port),
-        "--ssh_port",
-        str(ssh_port),
-        "--no_ssh_check",
-        "--no_local_rank",
-        "--force_multi",
-    ]
-    if module_agent:
-        user_script, user_args = AGENT_MODULE, agent.args(program)
-        argv.append("--module")
-    else:
-        if not program:
-            raise ConfigError(
-                "the job has no program to run; fix: give the training command after the options"
-            )
-        user_script, user_args = program[0], list(program[1:])
-        argv.append("--no_python")
-    # The runner never re-quotes the script itself, so it only needs the shell and pdsh layers.
-    argv += [shlex.quote(user_script).replace("%", "%%"), *(quote_for_pdsh(a) for a in user_args)]
-    env = {"DS_ENV_FILE": env_file_path}
-    if ssh_config_path:
-        # pdsh splits this variable on whitespace, so the path must not contain any.
-        env["PDSH_SSH_ARGS_APPEND"] = f"-F {_no_space(ssh_config_path, 'ssh config path')}"
-    return LaunchPlan(tuple(argv), env, "deepspeed")
+    include: str = ""
+    exclude: str = ""
+    bind_cores_to_rank: bool = False
+    bind_core_list: str | None = None
+    launcher_args: str = ""
+    local_rank_arg: bool = False  # the script gets --local_rank=N (DeepSpeed's default)
 
-
-def mpirun_plan(
-    *,
-    hostfile: Hostfile,
-    master_addr: str,
-    master_port: int,
-    ssh_port: int,
-    ssh_config_path: str | None,
-    env: Mapping[str, str],
-    program: Sequence[str],
-    python: str = sys.executable,
-    agent: AgentSettings,
-    mpi_root: str | None = None,
-    openmpi_major: int = 4,
-    socket_ifname: str | None = None,
-) -> LaunchPlan:
-    """OpenMPI 4 (ORTE, --mca plm_rsh_args) or 5 (PRRTE, --prtemca plm_ssh_args)."""
-    if openmpi_major not in (4, 5):
-        raise ConfigError(f"OpenMPI {openmpi_major} is not supported; fix: use OpenMPI 4 or 5 in the image")
-    ssh_args = f"-p {ssh_port}"
-    if ssh_config_path:
-        ssh_args += f" -F {_no_space(ssh_config_path, 'ssh config path')}"
-    argv = ["mpirun", "--allow-run-as-root"]
-    if mpi_root:
-        argv += ["--prefix", mpi_root]
-    argv += ["-n", str(hostfile.world_size), "-H", render_mpi_hosts(hostfile), "--bind-to", "none"]
-    if openmpi_major == 4:
-        argv += ["--mca", "plm_rsh_args", ssh_args, "--mca", "btl", "^openib"]
-        if socket_ifname:
-            argv += [
-                "--mca",
-                "btl_tcp_if_include",
-                socket_ifname,
-                "--mca",
-                "oob_tcp_if_include",
-                socket_ifname,
-            ]
-    else:
-        argv += ["--prtemca", "plm_ssh_args", ssh_args]
-        if socket_ifname:
-            argv += [
-                "--mca",
-                "btl_tcp_if_include",
-                socket_ifname,
-                "--prtemca",
-                "oob_tcp_if_include",
-                socket_ifname,
-            ]
-    exported = {k: v for k, v in env.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
-    for name in sorted(exported):
-        argv += ["-x", f"{name}={exported[name]}"]
-    argv += ["-x", f"MASTER_ADDR={master_addr}", "-x", f"MASTER_PORT={master_port}"]
-    argv += rank_command(agent, program, python)
-    return LaunchPlan(tuple(argv), {}, "mpirun")
-
-
-def torchrun_plan(
-    *,
-    nproc_per_node: int,
-    master_port: int,
-    program: Sequence[str],
-    python: str = sys.executable,
-    agent: AgentSettings,
-    master_addr: str = "127.0.0.1",
-) -> LaunchPlan:
-    """Single node. Static rendezvous rather than --standalone, which would ignore master_port
-    and so could not keep two jobs on one box apart."""
-    if nproc_per_node < 1:
-        raise ConfigError(f"nproc_per_node={nproc_per_node} is below 1; fix: run at least one rank")
-    argv = [
-        python,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes",
-        "1",
-        "--node_rank",
-        "0",
-        "--nproc_per_node",
-        str(nproc_per_node),
-        "--master_addr",
-        master_addr,
-        "--master_port",
-        str(master_port),
-        "--module",
-        AGENT_MODULE,
-        *agent.args(program),
-    ]
-    return LaunchPlan(tuple(argv), {}, "torchrun")
+    def runner_args(self) -> tuple[str, ...]:
+        args: list[str] = []
+        if self.include:
+            args += ["--include", self.include]
+        if self.exclude:
+            args += ["--exclude", self.exclude]
+        if self.bind_cores_to_rank:
+            args.append("--bind_cores_to_rank")
+        if self.bind_core_list:
+            args += ["--bind_core_list", self.bind_core_list]
+        return tuple(args)
 
 
 @dataclass(frozen=True)
@@ -254,69 +129,7 @@ class PlanInputs:
     socket_ifname: str | None = None
     mpi_root: str | None = None
     openmpi_major: int = 4
-
-
-class DeepSpeedLauncher:
-    name = "deepspeed"
-
-    def plan(self, inputs: PlanInputs) -> LaunchPlan:
-        base = deepspeed_plan(
-            hostfile_path=inputs.hostfile_path,
-            master_addr=inputs.master_addr,
-            master_port=inputs.master_port,
-            ssh_port=inputs.ssh_port,
-            env_file_path=inputs.env_path,
-            program=inputs.program,
-            python=inputs.python,
-            ssh_config_path=inputs.ssh_config_path,
-            agent=inputs.agent,
-        )
-        # A one-node deepspeed run skips pdsh and the env file: give the launcher the variables too.
-        return LaunchPlan(base.argv, {**inputs.env, **base.env}, base.launcher)
-
-
-class MpirunLauncher:
-    name = "mpirun"
-
-    def plan(self, inputs: PlanInputs) -> LaunchPlan:
-        return mpirun_plan(
-            hostfile=inputs.hostfile,
-            master_addr=inputs.master_addr,
-            master_port=inputs.master_port,
-            ssh_port=inputs.ssh_port,
-            ssh_config_path=inputs.ssh_config_path,
-            env=inputs.env,
-            program=inputs.program,
-            python=inputs.python,
-            agent=inputs.agent,
-            mpi_root=inputs.mpi_root,
-            openmpi_major=inputs.openmpi_major,
-            socket_ifname=inputs.socket_ifname,
-        )
-
-
-class TorchrunLauncher:
-    name = "torchrun"
-
-    def plan(self, inputs: PlanInputs) -> LaunchPlan:
-        if len(inputs.hostfile.entries) > 1:
-            raise ConfigError(
-                "--launcher torchrun runs one node only; fix: use --launcher deepspeed or mpirun"
-            )
-        base = torchrun_plan(
-            nproc_per_node=inputs.hostfile.world_size,
-            master_port=inputs.master_port,
-            program=inputs.program,
-            python=inputs.python,
-            agent=inputs.agent,
-        )
-        return LaunchPlan(base.argv, {**inputs.env, **base.env}, base.launcher)
-
-
-LAUNCHERS = {cls.name: cls for cls in (DeepSpeedLauncher, MpirunLauncher, TorchrunLauncher)}
-
-
-def plan_for(launcher: str, inputs: PlanInputs) -> LaunchPlan:
-    if launcher not in LAUNCHERS:
-        raise ConfigError(f"launcher '{launcher}' is unknown; fix: use one of {', '.join(LAUNCHERS)}")
-    return LAUNCHERS[launcher]().plan(inputs)
+    local: bool = False  # every rank on this node: no ssh, no pdsh
+    # DeepSpeed runner flags passed through as given: --include/--exclude, --bind_cores_to_rank, ...
+    runner_args: tuple[str, ...] = ()
+    launcher_args: str = ""  # DeepSpeed's --launcher_args: extra flags for the backend (pdsh, mpirun)

@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from gaudi_cluster import checks, envfile, plan
+from gaudi_cluster import checks, envfile, jobenv, launchers, plan, protocol
 from gaudi_cluster.config import ClusterConfig
-from gaudi_cluster.errors import ClusterNotReady
-from gaudi_cluster.hostfile import HostEntry, Hostfile, make_hostfile, render_hostfile
+from gaudi_cluster.errors import ClusterNotReady, ConfigError
+from gaudi_cluster.hostfile import HostEntry, Hostfile, active_resources, make_hostfile, render_hostfile
 from gaudi_cluster.program import required_paths, resolve_accelerator
 from gaudi_cluster.survey import NodeSurvey, survey_nodes
 
@@ -33,27 +34,56 @@ class PreparedJob:
     job_id: str
     job_dir: Path
     hostfile: Hostfile
+    ranks_by_host: Mapping[str, int]  # what the launch really starts (--include/--exclude applied)
     env: envfile.EnvFile
     plan: plan.LaunchPlan
     accelerator: str
     ssh_config: Path | None
     node_python: str
+    local: bool
+    control_addr: str  # where the control channel listens: the address the ranks reach it on
+    rank_hosts: Mapping[int, str]  # each rank and the host name of the node it runs on
+    token: str = field(repr=False, default="")  # this attempt's secret for the control channel
+
+    @property
+    def world_size(self) -> int:
+        return sum(self.ranks_by_host.values())
 
 
 def stable_hostfile_path(config: ClusterConfig) -> Path:
     return Path(config.job_root).parent / STABLE_HOSTFILE
 
 
+def _read_if_exists(path: str) -> str | None:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{path} cannot be read ({error}); fix: make it a readable text file") from None
+
+
+def user_env_files(environ: Mapping[str, str]) -> list[jobenv.UserEnvFile]:
+    """The user's own .deepspeed_env files, where DeepSpeed's runner would read them."""
+    return jobenv.read_user_env_files(environ, str(Path.home()), os.getcwd(), _read_if_exists)
+
+
 def job_env_for(
-    config: ClusterConfig, accelerator: str, survey: NodeSurvey, environ: Mapping[str, str]
+    config: ClusterConfig,
+    accelerator: str,
+    survey: NodeSurvey,
+    environ: Mapping[str, str],
+    user_files: Sequence[jobenv.UserEnvFile] = (),
 ) -> envfile.EnvFile:
-    return envfile.job_env(
+    return jobenv.job_env(
         preset=config.env_preset,
         accelerator=accelerator,
         master_report=survey.master_report,
         environ=environ,
         socket_ifname=survey.socket_ifname,
-        extra=envfile.extra_env_from_spec(config.env),
+        extra=dict(config.env),
+        user_files=user_files,
+        env_pass=config.env_pass,
     )
 
 
@@ -68,7 +98,7 @@ def hostfile_for(config: ClusterConfig, survey: NodeSurvey) -> Hostfile:
             or report["slots"]
         )
         entries.append(HostEntry(host, int(slots or 1)))
-    return make_hostfile(entries, master=survey.master_addr)
+    return make_hostfile(entries)  # survey.hosts lists the first node (rank 0) first
 
 
 def _check_or_stop(config: ClusterConfig, survey: NodeSurvey, env_file: envfile.EnvFile) -> None:
@@ -106,24 +136,39 @@ def openmpi_major() -> int:
     return 4
 
 
-def prepare(config: ClusterConfig, program: Sequence[str], environ: Mapping[str, str]) -> PreparedJob:
-    survey = survey_nodes(config, required_paths(program, os.getcwd()), environ)
+def prepare(
+    config: ClusterConfig,
+    program: Sequence[str],
+    environ: Mapping[str, str],
+    options: plan.LaunchOptions | None = None,
+) -> PreparedJob:
+    options = options or plan.LaunchOptions()
+    user_files = user_env_files(environ)
+    token = protocol.new_token()
+    private = {"env": jobenv.private_values(user_files, config.env_pass, environ), "token": token}
+    survey = survey_nodes(config, required_paths(program, os.getcwd()), environ, private)
     if survey.unreachable:
         details = "; ".join(f"{host}: {why}" for host, why in survey.unreachable.items())
         raise ClusterNotReady(
             f"{len(survey.unreachable)} of {len(survey.hosts)} nodes failed the ssh probe: {details}"
         )
     accelerator = resolve_accelerator(config.accelerator, environ, survey.master_report)
-    env_file = job_env_for(config, accelerator, survey, environ)
+    env_file = job_env_for(config, accelerator, survey, environ, user_files)
+    for line in jobenv.describe(env_file, user_files):
+        log.warning("%s", line.removeprefix("warning: ")) if line.startswith("warning:") else log.info(
+            "%s", line
+        )
     _check_or_stop(config, survey, env_file)
     hostfile = hostfile_for(config, survey)
+    active = active_resources(hostfile, options.include, options.exclude)
     hostfile_path = survey.job_dir / "hostfile"
     env_path = survey.job_dir / "deepspeed_env"
     if not config.dry_run:
         hostfile_path.write_text(render_hostfile(hostfile))
-        stable = stable_hostfile_path(config)
-        stable.parent.mkdir(parents=True, exist_ok=True)
-        stable.write_text(render_hostfile(hostfile))
+        if not survey.local:
+            stable = stable_hostfile_path(config)
+            stable.parent.mkdir(parents=True, exist_ok=True)
+            stable.write_text(render_hostfile(hostfile))
         env_path.write_text(envfile.render_env_file(env_file))
         env_path.chmod(0o600)
     inputs = plan.PlanInputs(
@@ -142,21 +187,49 @@ def prepare(config: ClusterConfig, program: Sequence[str], environ: Mapping[str,
             job_root=config.job_root,
             heartbeat_timeout_s=config.heartbeat_timeout,
             control=f"{survey.local_addr}:{config.control_port}",
+            local_rank_arg=options.local_rank_arg,
         ),
         socket_ifname=survey.socket_ifname,
         mpi_root=environ.get("MPI_ROOT"),
         openmpi_major=openmpi_major() if config.launcher == "mpirun" else 4,
+        local=survey.local,
+        runner_args=options.runner_args(),
+        launcher_args=options.launcher_args,
     )
+    launch = launchers.plan_for(config.launcher, inputs)
+    if not shutil.which(launch.argv[0]):
+        raise ClusterNotReady(
+            f"--launcher {config.launcher} needs {launch.argv[0]}, which is not on PATH here; "
+            "fix: install it (OpenMPI: apt-get install openmpi-bin) or choose another launcher"
+        )
     return PreparedJob(
         job_id=survey.job_id,
         job_dir=survey.job_dir,
         hostfile=hostfile,
+        ranks_by_host={host: len(slots) for host, slots in active.items()},
         env=env_file,
-        plan=plan.plan_for(config.launcher, inputs),
+        plan=launch,
         accelerator=accelerator,
         ssh_config=survey.ssh_config,
         node_python=sys.executable,
+        local=survey.local,
+        control_addr=survey.local_addr,
+        rank_hosts=rank_hosts(active, survey.reports),
+        token=token,
     )
+
+
+def rank_hosts(
+    active: Mapping[str, Sequence[int]], reports: Mapping[str, Mapping[str, object]]
+) -> dict[int, str]:
+    """Which node's host name each rank reports: ranks are numbered node by node in hostfile order,
+    as DeepSpeed's launch.py and mpirun's by-slot mapping both do."""
+    ranks: dict[int, str] = {}
+    for host, slots in active.items():
+        name = str(reports.get(host, {}).get("hostname") or host)
+        for _ in slots:
+            ranks[len(ranks)] = name
+    return ranks
 
 
 def print_dry_run(job: PreparedJob, out: TextIO) -> None:

@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gaudi_cluster import devices
+from gaudi_cluster import devices, jobdir
+from gaudi_cluster.errors import ConfigError
 
 PACKAGES = ("torch", "deepspeed", "transformers", "optimum-habana", "habana-torch-plugin")
 BUILD_ID_FILE = Path("/opt/gaudi-cluster/BUILD_ID")
@@ -101,15 +102,22 @@ def probe(paths: Sequence[str], accelerator: str, cpu_slots: int | None, check_e
     return report
 
 
-def main(argv: Sequence[str]) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="gaudi-cluster probe", description="report this node as JSON")
-    parser.add_argument("--json", action="store_true", help="print JSON (the only format)")
-    parser.add_argument("--path", action="append", default=[], help="a path that must exist here")
-    parser.add_argument("--accelerator", default="auto")
-    parser.add_argument("--slots", type=int, default=None)
-    parser.add_argument("--check-efa", action="store_true")
-    args = parser.parse_args(argv)
-    print(json.dumps(probe(args.path, args.accelerator, args.slots, args.check_efa), sort_keys=True))
+def run(
+    paths: Sequence[str],
+    accelerator: str,
+    cpu_slots: int | None,
+    check_efa: bool,
+    stage_job: str | None,
+    job_root: str,
+) -> int:
+    """`gaudi-cluster probe`: stage the job's directory (private payload on stdin) if asked, then report."""
+    if stage_job:
+        try:
+            payload = json.loads(sys.stdin.read() or "{}")
+        except ValueError:
+            raise ConfigError(
+                "probe --stage: stdin is not the master's JSON payload; fix: let the master run it"
+            ) from None
+        jobdir.stage(job_root, stage_job, payload)
+    print(json.dumps(probe(paths, accelerator, cpu_slots, check_efa), sort_keys=True))
     return 0

@@ -7,7 +7,7 @@ import os
 import signal
 from pathlib import Path
 
-from gaudi_cluster import procgroup
+from gaudi_cluster import jobdir, procgroup
 
 
 def reap_job(job_root: Path, job_id: str) -> list[int]:
@@ -17,6 +17,7 @@ def reap_job(job_root: Path, job_id: str) -> list[int]:
     ranks gracefully: whatever is still there is killed without a grace.
     """
     killed: list[int] = []
+    (jobdir.job_dir(job_root, job_id) / jobdir.PRIVATE_FILE).unlink(missing_ok=True)
     for pid_file in sorted((job_root / job_id).glob("rank*.pid")):
         try:
             group, *agents = [int(word) for word in pid_file.read_text().split()]

@@ -1,13 +1,21 @@
 """Run what gaudi_spawn.py / DistributedRunner ask for through the same supervised master path.
 
-`compat` translates their arguments (pure); this module runs the result. DistributedRunner takes
-an injectable `run=` callable (as Ray's command runner takes a process runner), so tests can record
-the requests instead of launching anything.
+`compat` translates their arguments (pure); this module runs the result. `main` is the one parser
+front end of `gaudi-cluster spawn` and `gaudi_spawn.py`. DistributedRunner takes an injectable
+`run=` callable (as Ray's command runner takes a process runner), so tests can record the requests.
+
+DistributedRunner's commands are strings that optimum-habana runs through bash; here too, bash
+expands each command's words ($VAR, ~, globs, as optimum-habana's users expect), and the words then
+run as argv under the agents. Shell operators (; | & < > and parentheses) are refused: they cannot
+mean anything once the command is split into ranks.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import shlex
+import subprocess
 import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -18,15 +26,18 @@ from gaudi_cluster.compat import (
     DEFAULT_MASTER_PORT,
     SpawnConfigError,
     SpawnRequest,
-    command_from_list,
     config_for_spawn,
+    options_for_spawn,
     parse_gaudi_spawn_args,
     validate_spawn_request,
 )
 from gaudi_cluster.config import resolve_config
+from gaudi_cluster.errors import ConfigError, GaudiClusterError
 from gaudi_cluster.master import run_master
 
-SpawnRunner = Callable[[SpawnRequest, bool], int]
+SpawnRunner = Callable[[SpawnRequest, bool], int | None]
+_OPERATORS = ";&|<>()"
+_EXPANDED = set("$~*?[{`")
 
 
 def run_spawn(
@@ -37,7 +48,46 @@ def run_spawn(
 ) -> int:
     environ = os.environ if environ is None else environ
     config = config_for_spawn(request, resolve_config({}, environ), dry_run)
-    return run_master(config, [request.script, *request.script_args], environ, out or sys.stdout)
+    argv = [request.script, *request.script_args]
+    return run_master(config, argv, environ, out or sys.stdout, options_for_spawn(request))
+
+
+def command_words(command: str, index: int) -> list[str]:
+    """One DistributedRunner command as argv, expanded by bash like optimum-habana's run() does."""
+    where = f"command_list[{index}] {command!r}"
+    try:
+        lexer = shlex.shlex(command, posix=True, punctuation_chars=_OPERATORS)
+        lexer.whitespace_split = True
+        tokens = list(lexer)
+    except ValueError as exc:
+        raise SpawnConfigError(f"{where} cannot be split ({exc}); fix: balance the quotes") from None
+    operators = [t for t in tokens if t and set(t) <= set(_OPERATORS)]
+    if operators:
+        raise SpawnConfigError(
+            f"{where} holds the shell operator '{operators[0]}'; fix: give one command per list entry "
+            "(they run in order) and put redirections in the script"
+        )
+    if not tokens:
+        raise SpawnConfigError(f"command_list[{index}] is empty; fix: give 'script.py args' or drop it")
+    if not _EXPANDED & set(command):
+        return shlex.split(command)
+    done = subprocess.run(
+        ["bash", "-c", 'printf "%s\\0" ' + command], capture_output=True, timeout=30, check=False
+    )
+    if done.returncode != 0:
+        detail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["failed"]
+        raise SpawnConfigError(f"{where}: bash cannot expand it ({detail[0]}); fix: check its $ and quotes")
+    return [word.decode() for word in done.stdout.split(b"\0")[:-1]]
+
+
+def commands_from_list(command_list: object) -> list[list[str]]:
+    if isinstance(command_list, str | bytes):
+        raise SpawnConfigError(
+            "command_list is one string, not a list of strings; fix: pass ['script.py --arg value']"
+        )
+    if not isinstance(command_list, Sequence) or not all(isinstance(c, str) for c in command_list):
+        raise SpawnConfigError("command_list must be a list of strings; fix: pass ['script.py --arg value']")
+    return [command_words(command, i) for i, command in enumerate(command_list)]
 
 
 class DistributedRunner:
@@ -67,6 +117,9 @@ class DistributedRunner:
                 f"hostfile {hostfile} needs use_deepspeed=True (multi-node runs go through DeepSpeed); "
                 "fix: pass use_deepspeed=True"
             )
+        if isinstance(world_size, bool) or not isinstance(world_size, int):
+            raise SpawnConfigError(f"world_size={world_size!r} is not an integer; fix: pass the device count")
+        self.commands = commands_from_list([] if command_list is None else command_list)
         self.command_list = list(command_list or [])
         self.world_size = world_size
         self.hostfile = None if hostfile is None else str(hostfile)
@@ -95,7 +148,7 @@ class DistributedRunner:
                     world_size_explicit=self.world_size != 1,
                 )
             )
-            for argv in command_from_list(self.command_list)
+            for argv in self.commands
         ]
 
     def run(self) -> int:
@@ -107,6 +160,21 @@ class DistributedRunner:
         return 0
 
 
-def spawn_main(argv: Sequence[str], *, dry_run: bool, run: SpawnRunner = run_spawn) -> int:
-    """`gaudi-cluster spawn ...` and gaudi_spawn.py: parse like gaudi_spawn.py, then run."""
-    return run(parse_gaudi_spawn_args(argv), dry_run)
+def main(argv: Sequence[str], prog: str, run: SpawnRunner = run_spawn) -> int:
+    """`gaudi-cluster spawn ...` and gaudi_spawn.py: parse like gaudi_spawn.py, run; errors -> codes."""
+    try:
+        invocation = parse_gaudi_spawn_args(argv, prog=prog)
+        logging.basicConfig(
+            level=logging.DEBUG if invocation.verbose else logging.INFO,
+            format="gaudi-cluster: %(message)s",
+            stream=sys.stderr,
+        )
+        # GAUDI_CLUSTER_DRY_RUN and every other setting in the environment, checked like the master's.
+        dry_run = invocation.dry_run or resolve_config({}, os.environ).dry_run
+        return int(run(invocation.request, dry_run) or 0)
+    except ConfigError as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return error.exit_code
+    except GaudiClusterError as error:
+        print(f"{prog}: {error}", file=sys.stderr)
+        return error.exit_code

@@ -81,10 +81,11 @@ def ssh_argv(
     return ["ssh", "-F", str(config), *options, host, shlex.join(remote)]
 
 
-Runner = Callable[[Sequence[str], float], SshResult]
+Runner = Callable[[Sequence[str], float, "str | None"], SshResult]
 
 
-def run_subprocess(argv: Sequence[str], timeout_s: float) -> SshResult:
+def run_subprocess(argv: Sequence[str], timeout_s: float, stdin: str | None = None) -> SshResult:
+    """Run argv; `stdin` (when given) is its whole standard input, the way secrets reach a node."""
     host = argv[3] if len(argv) > 3 else "?"
     try:
         done = subprocess.run(
@@ -92,7 +93,8 @@ def run_subprocess(argv: Sequence[str], timeout_s: float) -> SshResult:
             capture_output=True,
             text=True,
             timeout=timeout_s,
-            stdin=subprocess.DEVNULL,
+            input=stdin,
+            stdin=None if stdin is not None else subprocess.DEVNULL,
             check=False,
         )
     except subprocess.TimeoutExpired:
@@ -107,6 +109,7 @@ def run_on_hosts(
     timeout_s: float,
     runner: Runner = run_subprocess,
     connect_timeout_s: int | None = None,
+    stdin: str | None = None,
 ) -> dict[str, SshResult]:
     """Run the same command on every host at once; one slow host does not delay the others."""
     host_list = list(hosts)
@@ -114,7 +117,7 @@ def run_on_hosts(
         return {}
     with ThreadPoolExecutor(max_workers=min(64, len(host_list))) as pool:
         futures = {
-            host: pool.submit(runner, ssh_argv(host, remote, config, connect_timeout_s), timeout_s)
+            host: pool.submit(runner, ssh_argv(host, remote, config, connect_timeout_s), timeout_s, stdin)
             for host in host_list
         }
     return {host: _with_host(future.result(), host) for host, future in futures.items()}

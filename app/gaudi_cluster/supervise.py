@@ -24,6 +24,7 @@ from typing import TextIO
 
 from gaudi_cluster import procgroup
 from gaudi_cluster.control import ControlEvent, ControlServer
+from gaudi_cluster.errors import ClusterNotReady
 from gaudi_cluster.outcome import JobOutcome, JobState, RankFailure, signal_name
 from gaudi_cluster.plan import LaunchPlan
 
@@ -52,6 +53,7 @@ class Supervisor:
         settings: SupervisorSettings,
         out: TextIO = sys.stdout,
         clock: Callable[[], float] = time.monotonic,
+        on_all_started: Callable[[], None] | None = None,
     ) -> None:
         self.job_id = job_id
         self.plan = plan
@@ -61,6 +63,8 @@ class Supervisor:
         self.settings = settings
         self.out = out
         self.clock = clock
+        # Called once, when every rank has checked in (each agent has read its private file by then).
+        self.on_all_started = on_all_started
         self.launcher: subprocess.Popen[bytes] | None = None
         self.launcher_tail: collections.deque[str] = collections.deque(maxlen=30)
         self._signals: queue.SimpleQueue[int] = queue.SimpleQueue()
@@ -80,6 +84,9 @@ class Supervisor:
         assert self.launcher is not None and self.launcher.stdout is not None
         for raw in iter(self.launcher.stdout.readline, b""):
             line = raw.decode(errors="replace").rstrip("\n")
+            if _RANK_PREFIX.match(line):  # a rank on this node, started without pdsh
+                self._print(line)
+                continue
             remote = _PDSH_LINE.match(line)
             if remote and _RANK_PREFIX.match(remote["rest"]):
                 self._print(remote["rest"])
@@ -99,14 +106,20 @@ class Supervisor:
         env = {**os.environ, **self.plan.env}
         started = self.clock()
         # Its own session: a Ctrl-C in the terminal reaches us, and we stop the ranks in order.
-        self.launcher = subprocess.Popen(
-            list(self.plan.argv),
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        try:
+            self.launcher = subprocess.Popen(
+                list(self.plan.argv),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as error:
+            raise ClusterNotReady(
+                f"cannot start the {self.plan.launcher} launcher ({self.plan.argv[0]}: {error.strerror}); "
+                "fix: install it on this node or choose another launcher"
+            ) from None
         pump = threading.Thread(target=self._pump_launcher, name="launcher-output", daemon=True)
         pump.start()
         outcome = self._watch(started)
@@ -152,6 +165,9 @@ class Supervisor:
         if event.kind == "hello":
             ranks_seen[event.rank] = event.host
             log.debug("rank %d checked in from %s", event.rank, event.host)
+            if len(ranks_seen) == self.expected and self.on_all_started is not None:
+                threading.Thread(target=self.on_all_started, name="all-started", daemon=True).start()
+                self.on_all_started = None
             return None
         if event.kind == "exit":
             code = int(event.detail.get("code", 1))

@@ -5,10 +5,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from gaudi_cluster.compat import SpawnRequest, command_from_list, parse_gaudi_spawn_args
+from gaudi_cluster.compat import SpawnRequest, parse_gaudi_spawn_args
 from gaudi_cluster.errors import ConfigError
 from gaudi_cluster.hostfile import parse_hostfile
-from gaudi_cluster.spawn import DistributedRunner, spawn_main
+from gaudi_cluster.spawn import DistributedRunner, commands_from_list, main
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,7 +32,7 @@ def load(path):
 
 
 def parse(argv):
-    return parse_gaudi_spawn_args(argv, exists=exists, load_hostfile=load)
+    return parse_gaudi_spawn_args(argv, exists=exists, load_hostfile=load).request
 
 
 def test_seed_command():
@@ -134,7 +134,7 @@ def test_missing_hostfile_is_config_error(tmp_path):
 
 
 def test_command_from_list():
-    assert command_from_list(["train.py --a b", "eval.py --text 'x y' \"q r\""]) == [
+    assert commands_from_list(["train.py --a b", "eval.py --text 'x y' \"q r\""]) == [
         ["train.py", "--a", "b"],
         ["eval.py", "--text", "x y", "q r"],
     ]
@@ -143,7 +143,7 @@ def test_command_from_list():
 @pytest.mark.parametrize(("cmds", "match"), [(["   "], r"command_list\[0\] is empty"), (["a 'b"], "quotes")])
 def test_command_from_list_errors(cmds, match):
     with pytest.raises(ConfigError, match=match):
-        command_from_list(cmds)
+        commands_from_list(cmds)
 
 
 class RecordingRunner:
@@ -253,7 +253,14 @@ def test_spawn_main(fake_launch, scripts, monkeypatch):
     calls, codes = fake_launch.calls, fake_launch.codes
     codes.append(7)
     monkeypatch.chdir(scripts)
-    assert spawn_main(["--world_size", "2", "--use_mpi", "train.py", "x"], dry_run=True, run=fake_launch) == 7
+    assert (
+        main(
+            ["--dry-run", "--world_size", "2", "--use_mpi", "train.py", "x"],
+            "gaudi_spawn.py",
+            run=fake_launch,
+        )
+        == 7
+    )
     assert calls[0][0].script_args == ("x",) and calls[0][1] is True
 
 

@@ -121,6 +121,7 @@ def test_a_peer_source_flag_replaces_the_env_sources():
 
 
 def test_secrets_in_extra_env_never_reach_the_log_line():
-    line = ClusterConfig(env="HF_TOKEN=hf_secret;AWS_SECRET_ACCESS_KEY=x;FOO=1").describe()
+    env = (("HF_TOKEN", "hf_secret"), ("AWS_SECRET_ACCESS_KEY", "x"), ("FOO", "1"))
+    line = ClusterConfig(env=env).describe()
     assert "hf_secret" not in line and "=x" not in line
     assert "HF_TOKEN=***" in line and "FOO=1" in line

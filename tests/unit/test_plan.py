@@ -8,17 +8,14 @@ import subprocess
 import pytest
 from gaudi_cluster.errors import ConfigError
 from gaudi_cluster.hostfile import HostEntry, Hostfile
+from gaudi_cluster.launchers import deepspeed_plan, mpirun_plan, plan_for, torchrun_plan
 from gaudi_cluster.plan import (
     AgentSettings,
     LaunchPlan,
     PlanInputs,
-    deepspeed_plan,
-    mpirun_plan,
-    plan_for,
     quote_for_pdsh,
     rank_command,
     render_shell,
-    torchrun_plan,
 )
 
 from tests.support import ds_reference as ds

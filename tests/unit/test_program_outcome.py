@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 from gaudi_cluster import config as config_module
 from gaudi_cluster.config import ClusterConfig, parse_bool
-from gaudi_cluster.envfile import auto_preset, collective_timeouts, job_env
+from gaudi_cluster.jobenv import auto_preset, collective_timeouts, job_env
 from gaudi_cluster.outcome import JobOutcome, JobState, RankFailure, should_restart
 from gaudi_cluster.program import (
     DEFAULT_SCRIPT,

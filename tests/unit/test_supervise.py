@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import psutil
+from gaudi_cluster import jobdir, protocol
 from gaudi_cluster.control import ControlServer
 from gaudi_cluster.plan import LaunchPlan
 from gaudi_cluster.supervise import Supervisor, SupervisorSettings
@@ -39,10 +40,19 @@ def launcher_for(job_id: str, port: int, programs: list[str], job_root: Path) ->
     return LaunchPlan(argv=("bash", "-c", script), env={}, launcher="test")
 
 
+def control_server(
+    job_root: Path, job_id: str, port: int, ranks: int, heartbeat: float = 5.0
+) -> ControlServer:
+    """A master's control server for `ranks` agents on this host, its secret staged for them."""
+    token = protocol.new_token()
+    jobdir.stage(job_root, job_id, {"token": token})
+    return ControlServer("127.0.0.1", port, job_id, heartbeat, token, dict.fromkeys(range(ranks), HOST))
+
+
 def supervise(tmp_path: Path, programs: list[str], **settings: float):
     job_id = "job-" + str(time.monotonic_ns())
     port = free_port()
-    server = ControlServer("127.0.0.1", port, job_id, heartbeat_timeout_s=settings.pop("heartbeat", 5.0))
+    server = control_server(tmp_path / "jobs", job_id, port, len(programs), settings.pop("heartbeat", 5.0))
     server.start()
     out = io.StringIO()
     supervisor = Supervisor(
@@ -107,7 +117,7 @@ def test_sigterm_to_master_stops_job_with_143(tmp_path):
     try:
         job_id = "term-job"
         port = free_port()
-        server = ControlServer("127.0.0.1", port, job_id, heartbeat_timeout_s=5)
+        server = control_server(tmp_path / "jobs", job_id, port, 2)
         server.start()
         supervisor = Supervisor(
             job_id,
@@ -133,7 +143,7 @@ def test_sigterm_to_master_stops_job_with_143(tmp_path):
 def test_rank_dies_with_its_master(tmp_path):
     """The master vanishing (connection closed) ends the rank within seconds."""
     port = free_port()
-    server = ControlServer("127.0.0.1", port, "orphan-job", heartbeat_timeout_s=5)
+    server = control_server(tmp_path, "orphan-job", port, 1)
     server.start()
     marker = f"orphan-marker-{time.monotonic_ns()}"
     agent = subprocess.Popen(
@@ -167,6 +177,7 @@ def test_rank_dies_with_its_master(tmp_path):
 
 def test_agent_refuses_to_run_unsupervised(tmp_path):
     port = free_port()  # nothing listens there
+    jobdir.stage(tmp_path, "x", {"token": protocol.new_token()})
     done = subprocess.run(
         [
             sys.executable,
@@ -200,9 +211,9 @@ def test_agent_refuses_to_run_unsupervised(tmp_path):
 def test_control_port_is_free_again_right_after_close():
     """--max-restarts relaunches on the same control port at once."""
     port = free_port()
-    first = ControlServer("127.0.0.1", port, "a", heartbeat_timeout_s=5)
+    first = ControlServer("127.0.0.1", port, "a", 5, protocol.new_token(), {})
     first.start()
     time.sleep(0.2)  # the accept thread is now blocked in accept()
     first.close()
-    second = ControlServer("127.0.0.1", port, "b", heartbeat_timeout_s=5)
+    second = ControlServer("127.0.0.1", port, "b", 5, protocol.new_token(), {})
     second.close()

@@ -1,0 +1,122 @@
+"""The control channel's protocol, pure: the handshake's MACs and what each message may contain.
+
+A connection starts with a mutual challenge: the master sends a fresh nonce; the agent answers with
+its hello and an HMAC-SHA256, under the job's secret, over that nonce, the job id, its host and rank,
+plus a nonce of its own; the master answers `welcome` with an HMAC over the agent's nonce. Neither
+side acts on anything before that, so a peer without the secret (which only ever travels over ssh
+stdin into a 0600 file) can neither stop a job nor pose as its master. Every message is one JSON
+line of at most MAX_LINE bytes, and every field is type-checked before use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import re
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+MAX_LINE = 64 * 1024
+BEAT_INTERVAL_S = 1.0  # both ends send a beat every second
+HANDSHAKE_TIMEOUT_S = 5.0
+TAIL_MAX_LINES = 30
+TAIL_MAX_CHARS = 2048
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def new_token() -> str:
+    """The per-attempt job secret: 256 random bits."""
+    return secrets.token_hex(32)
+
+
+def new_nonce() -> str:
+    return secrets.token_hex(32)
+
+
+def _mac(token: str, *parts: object) -> str:
+    message = "\x1f".join(str(part) for part in parts).encode()
+    return hmac.new(bytes.fromhex(token), message, hashlib.sha256).hexdigest()
+
+
+def hello_mac(token: str, master_nonce: str, job: str, host: str, rank: int) -> str:
+    return _mac(token, "hello", master_nonce, job, host, rank)
+
+
+def welcome_mac(token: str, agent_nonce: str, job: str, rank: int) -> str:
+    return _mac(token, "welcome", agent_nonce, job, rank)
+
+
+def same_mac(expected: str, given: object) -> bool:
+    return isinstance(given, str) and hmac.compare_digest(expected, given)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+def _short_text(value: Any, limit: int) -> bool:
+    return isinstance(value, str) and len(value) <= limit
+
+
+def _check_hello(message: Mapping[str, Any]) -> str | None:
+    if not _short_text(message.get("job"), 128):
+        return "job is not a string"
+    if not _short_text(message.get("host"), 255) or not message.get("host"):
+        return "host is not a host name"
+    if not _is_int(message.get("rank")) or message["rank"] < 0:
+        return "rank is not a non-negative integer"
+    if not _is_int(message.get("pid")) or message["pid"] < 0:
+        return "pid is not a non-negative integer"
+    for field in ("nonce", "mac"):
+        if not isinstance(message.get(field), str) or not _HEX64.fullmatch(message[field]):
+            return f"{field} is not 64 hex digits"
+    return None
+
+
+def _check_beat(message: Mapping[str, Any]) -> str | None:
+    step = message.get("step")
+    if step is not None and (not _is_int(step) or step < 0):
+        return "step is not a non-negative integer"
+    age = message.get("progress_age")
+    if age is not None and (not _is_number(age) or age < 0):
+        return "progress_age is not a non-negative number"
+    return None
+
+
+def _check_exit(message: Mapping[str, Any]) -> str | None:
+    if not _is_int(message.get("code")):
+        return "code is not an integer"
+    signal = message.get("signal")
+    if signal is not None and (not _is_int(signal) or not 0 < signal < 128):
+        return "signal is not a signal number"
+    tail = message.get("tail", [])
+    if not isinstance(tail, list) or len(tail) > TAIL_MAX_LINES or not all(isinstance(t, str) for t in tail):
+        return f"tail is not a list of at most {TAIL_MAX_LINES} strings"
+    reason = message.get("stop_reason")
+    if reason is not None and not _short_text(reason, 1024):
+        return "stop_reason is not a short string"
+    return None
+
+
+AGENT_MESSAGES = {"hello": _check_hello, "beat": _check_beat, "exit": _check_exit}
+
+
+def problem(message: Any, allowed: Mapping[str, Any] = AGENT_MESSAGES) -> str | None:
+    """Why an agent's message must be dropped, or None when it is well-formed."""
+    if not isinstance(message, dict):
+        return "not a JSON object"
+    kind = message.get("type")
+    if kind not in allowed:
+        return f"unknown message type {str(kind)[:40]!r}"
+    return allowed[kind](message)
+
+
+def trimmed_tail(tail: list[str]) -> tuple[str, ...]:
+    """A rank's last lines, each cut to TAIL_MAX_CHARS (a report is one line, not a dump)."""
+    return tuple(line[:TAIL_MAX_CHARS] for line in tail[-TAIL_MAX_LINES:])

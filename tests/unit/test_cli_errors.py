@@ -1,0 +1,137 @@
+"""Bad input on every CLI path: exit 2 (or 3), one error line naming the culprit and a fix, no traceback,
+nothing launched. Each case runs the real console command in a fresh process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+GAUDI_SPAWN = ROOT / "app" / "gaudi_spawn.py"
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    work = tmp_path_factory.mktemp("cli")
+    (work / "run.py").write_text("print('ran')\n")
+    (work / "H").write_text("n1 slots=4\nn2 slots=4\nn3 slots=2\n")
+    (work / "H_bom").write_bytes("\ufeffn1 slots=1\n".encode())
+    (work / "H_nul").write_bytes(b"n1 slots=1\nn2\x00 slots=1\n")
+    (work / "H_zero").write_text("n1 slots=0\n")
+    return work
+
+
+def run_cli(argv: list[str], workdir: Path, env: dict[str, str] | None = None, spawn: bool = False):
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("GAUDI_CLUSTER_", "DS_ENV_FILE"))}
+    base.update({"GAUDI_CLUSTER_JOB_ROOT": str(workdir / "jobs"), "HOME": str(workdir)}, **(env or {}))
+    command = [sys.executable, str(GAUDI_SPAWN)] if spawn else [sys.executable, "-m", "gaudi_cluster"]
+    return subprocess.run(
+        [*command, *argv], capture_output=True, text=True, cwd=workdir, env=base, timeout=60, check=False
+    )
+
+
+BAD = [
+    # (argv, extra env, culprit named in the one error line)
+    (["-v", "spawn", "missing.py"], {}, "missing.py"),
+    (["spawn", "--hostfile", "H", "--use_deepspeed", "run.py"], {"GAUDI_CLUSTER_DRY_RUN": "maybe"},
+     "GAUDI_CLUSTER_DRY_RUN"),
+    (["probe", "--accelerator", "gaudi"], {}, "--accelerator"),
+    (["probe", "--slots", "0"], {}, "--slots"),
+    (["-v", "probe", "--slots", "x"], {}, "--slots"),
+    (["master", "--hostfile="], {}, "--hostfile"),
+    (["master", "--heartbeat-timeout", "nan"], {}, "--heartbeat-timeout"),
+    (["master", "--heartbeat-timeout", "inf"], {}, "--heartbeat-timeout"),
+    (["master", "--stop-grace", "-1"], {}, "--stop-grace"),
+    (["master", "--master-port", "29400"], {}, "--control-port"),
+    (["master", "--master_port", "29401", "--control-port", "29401"], {}, "--master-port"),
+    (["master", "--env", "HF_TOKEN=x"], {}, "--env-pass HF_TOKEN"),
+    (["master", "--env", "NOEQUALS"], {}, "--env"),
+    (["master", "--env", "MASTER_ADDR=x"], {}, "MASTER_ADDR"),
+    (["master", "--env", "A=1", "--env", "X=$HOME"], {}, "--env"),
+    (["master"], {"GAUDI_CLUSTER_ENV": "1A=2"}, "GAUDI_CLUSTER_ENV"),
+    (["master", "--env-pass", "NOT_SET_ANYWHERE", "--dry-run"], {}, "NOT_SET_ANYWHERE"),
+    (["master", "--env-pass", "bad name"], {}, "--env-pass"),
+    (["master", "--nodes", "5", "--peers", "a,b"], {}, "--nodes"),
+    (["master", "--nodes", "4", "--hostfile", "H"], {}, "--nodes 4"),
+    (["master", "--nodes", "0"], {}, "--nodes"),
+    (["master", "--peers", "a:0"], {}, "a:0"),
+    (["master", "--peers", "root@a"], {}, "root@a"),
+    (["master", "--dry-run", "--hostfile", "H_zero"], {}, "H_zero:1"),
+    (["master", "--master", "1234"], {}, "--master"),
+    (["master", "--launcher", "srun"], {}, "--launcher"),
+    (["master", "--accelerator", "gaudi"], {}, "--accelerator"),
+    (["master", "--ssh-port", "0"], {}, "--ssh-port"),
+    (["master", "--slots", "0"], {}, "--slots"),
+    (["master", "--wait-timeout", "-1"], {}, "--wait-timeout"),
+    (["master", "--max-restarts", "-1"], {}, "--max-restarts"),
+    (["master", "--env-preset", "fast"], {}, "--env-preset"),
+    (["master", "--socket-ifname", " "], {}, "--socket-ifname"),
+    (["master", "--bogus"], {}, "--bogus"),
+    (["master"], {"GAUDI_CLUSTER_SSH_PORT": "ssh"}, "GAUDI_CLUSTER_SSH_PORT"),
+    (["doctor", "--dry-run"], {}, "--dry-run"),
+    (["doctor", "--launcher", "mpirun"], {}, "--launcher"),
+    (["hostfile", "H_bom"], {}, "U+FEFF at line 1, column 1"),
+    (["hostfile", "H_nul"], {}, "U+0000 at line 2, column 3"),
+    (["hostfile", "nope"], {}, "nope"),
+    (["hostfile"], {}, "path"),
+    (["reap"], {}, "--job-id"),
+    (["teleport"], {}, "teleport"),
+    (["spawn", "--use_mpi", "--use_deepspeed", "run.py"], {}, "--use_mpi and --use_deepspeed"),
+    (["spawn", "--hostfile", "H", "run.py"], {}, "--use_deepspeed"),
+    (["spawn", "--world_size", "0", "run.py"], {}, "--world_size"),
+    (["spawn", "--master_port", "70000", "run.py"], {}, "--master_port"),
+    (["spawn", "--hostfile", "H", "--use_deepspeed", "--include", "n1", "--exclude", "n2", "run.py"], {},
+     "--exclude"),
+    (["spawn", "--hostfile", "H", "--use_deepspeed", "--include", "ghost", "run.py"], {}, "ghost"),
+    (["spawn", "--hostfile", "H", "--use_deepspeed", "--include", "n3:5", "run.py"], {}, "slot 5"),
+    (["spawn", "--use_deepspeed", "--num_nodes", "2", "run.py"], {}, "--num_nodes"),
+    (["spawn", "--include", "n1", "run.py"], {}, "--include"),
+    (["spawn", "--world_size", "2", "--num_gpus", "3", "run.py"], {}, "--num_gpus"),
+    (["spawn", "--hostfile", "H", "--use_deepspeed", "--world_size", "3", "run.py"], {}, "--world_size 3"),
+    (["spawn", "--master", "1234", "run.py"], {}, "--master"),
+    (["spawn"], {}, "training_script"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("argv", "env", "culprit"), BAD, ids=[" ".join(case[0]) or "none" for case in BAD])
+def test_bad_input_is_one_line_with_a_fix(workdir, argv, env, culprit):
+    done = run_cli(argv, workdir, env)
+    assert done.returncode in (2, 3), (done.returncode, done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr + done.stdout
+    errors = [line for line in done.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, done.stderr
+    assert culprit in errors[0] and "fix:" in errors[0], errors[0]
+    assert "[launcher]" not in done.stdout and " rank " not in done.stdout  # nothing was launched
+    assert not (workdir / "jobs").exists() or not any((workdir / "jobs").iterdir())
+
+
+def test_there_are_at_least_forty_cases():
+    assert len(BAD) >= 40
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--use_mpi", "--use_deepspeed", "run.py"],
+        ["--dry-run"],
+        ["--hostfile", "H", "run.py"],
+        ["--bogus", "run.py"],
+    ],
+)
+def test_gaudi_spawn_script_reports_the_same_way(workdir, argv):
+    done = run_cli(argv, workdir, spawn=True)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert done.stderr.startswith("gaudi_spawn.py: error: ") and done.stderr.count("\n") == 1
+    assert "fix:" in done.stderr
+
+
+def test_verbose_before_or_after_the_command_is_accepted(workdir):
+    for argv in (["-v", "probe", "--json"], ["probe", "-v", "--json"], ["probe", "--json"]):
+        done = run_cli(argv, workdir)
+        assert done.returncode == 0, done.stderr
+        assert '"hostname"' in done.stdout

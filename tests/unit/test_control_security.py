@@ -1,0 +1,239 @@
+"""The control channel lets no one in: the handshake, identity bound to the plan, bounded typed input.
+
+A real ControlServer on loopback; the peers are real sockets speaking the protocol (or not).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import socket
+import threading
+import time
+
+import pytest
+from gaudi_cluster import protocol
+from gaudi_cluster.channel import Channel, authenticate, connect
+from gaudi_cluster.control import ControlServer
+
+from tests.support.ports import free_port
+
+JOB = "20261130-120000-abcdef"
+HOST = "node-a"
+
+
+@pytest.fixture
+def server():
+    token = protocol.new_token()
+    made = ControlServer("127.0.0.1", free_port(), JOB, 10.0, token, {0: HOST, 1: HOST, 2: "node-b"})
+    made.start()
+    made.token = token  # type: ignore[attr-defined]
+    yield made
+    made.close()
+
+
+def address(server: ControlServer) -> str:
+    return f"127.0.0.1:{server.port}"
+
+
+def join(server: ControlServer, rank: int = 0, host: str = HOST, token: str | None = None) -> Channel:
+    channel = connect(address(server), 5)
+    authenticate(channel, token or server.token, JOB, host, rank, 4242)  # type: ignore[attr-defined]
+    return channel
+
+
+def next_event(server: ControlServer, timeout: float = 3.0):
+    try:
+        return server.events.get(timeout=timeout)
+    except queue.Empty:
+        return None
+
+
+def test_the_right_secret_is_admitted(server):
+    channel = join(server)
+    event = next_event(server)
+    assert (event.kind, event.host, event.rank, event.detail["pid"]) == ("hello", HOST, 0, 4242)
+    channel.send({"type": "exit", "code": 0, "signal": None, "tail": ["done"], "stop_reason": None})
+    assert next_event(server).kind == "exit"
+
+
+def test_a_wrong_secret_is_refused_and_logged_once_with_the_peer(server, caplog):
+    caplog.set_level(logging.WARNING, "gaudi_cluster.control")
+    for _ in range(3):
+        with pytest.raises(ConnectionError, match="refused this rank: wrong job secret"):
+            join(server, token=protocol.new_token())
+    refused = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert refused == ["control channel: refused 127.0.0.1: wrong job secret for rank 0 from host node-a"]
+    assert next_event(server, 0.5) is None
+
+
+def raw(server: ControlServer) -> tuple[socket.socket, dict]:
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    challenge = json.loads(sock.makefile("rb").readline())
+    return sock, challenge
+
+
+def send(sock: socket.socket, message: dict) -> None:
+    sock.sendall((json.dumps(message) + "\n").encode())
+
+
+def closed(sock: socket.socket, timeout: float = 8.0) -> bool:
+    sock.settimeout(timeout)
+    try:
+        while data := sock.recv(65536):
+            if b'"refused"' in data:
+                continue
+        return True
+    except OSError:
+        return True
+
+
+def hello(server, nonce: str, rank: int = 0, host: str = HOST, job: str = JOB) -> dict:
+    mac = protocol.hello_mac(server.token, nonce, job, host, rank)
+    return {"type": "hello", "job": job, "host": host, "rank": rank, "pid": 1, "nonce": "0" * 64, "mac": mac}
+
+
+def test_a_replayed_answer_fails_on_a_new_challenge(server):
+    sock, challenge = raw(server)
+    recorded = hello(server, challenge["nonce"])
+    send(sock, recorded)
+    assert next_event(server).kind == "hello"
+    sock.close()
+    assert next_event(server).kind == "lost"
+    replay, _ = raw(server)
+    send(replay, recorded)  # same bytes, new nonce: the MAC no longer matches
+    assert closed(replay)
+    assert next_event(server, 0.5) is None
+
+
+def test_a_late_or_silent_peer_is_dropped(server, monkeypatch):
+    monkeypatch.setattr(protocol, "HANDSHAKE_TIMEOUT_S", 0.5)
+    sock, _ = raw(server)
+    started = time.monotonic()
+    assert closed(sock)
+    assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize(
+    ("rank", "host", "why"),
+    [(7, HOST, "not launched"), (2, HOST, "not launched"), (0, "intruder", "not launched")],
+)
+def test_only_the_pairs_the_master_launched_get_in(server, rank, host, why):
+    with pytest.raises(ConnectionError, match=why):
+        join(server, rank=rank, host=host)
+
+
+def test_a_second_hello_for_a_connected_rank_never_replaces_it(server):
+    first = join(server, rank=1)
+    assert next_event(server).kind == "hello"
+    with pytest.raises(ConnectionError, match="rank 1 is already connected"):
+        join(server, rank=1)
+    first.send({"type": "hello", **hello(server, "0" * 64, rank=1)})  # a second hello on the same line
+    first.send({"type": "beat", "step": 5, "progress_age": 0.1})
+    time.sleep(0.3)
+    (agent,) = server.agents()
+    assert (agent.rank, agent.pid, agent.step) == (1, 4242, 5)
+
+
+def test_the_old_attack_cannot_stop_the_job(server):
+    """hello with the job id from the logs, then exit: now turned away before any event."""
+    sock, _ = raw(server)
+    send(sock, {"type": "hello", "job": JOB, "host": "intruder", "rank": 1})
+    send(sock, {"type": "exit", "code": 1})
+    assert closed(sock)
+    assert next_event(server, 1.0) is None
+
+
+def test_a_line_over_64_kb_closes_the_connection(server):
+    channel = join(server)
+    assert next_event(server).kind == "hello"
+    channel._sock.sendall(b"x" * (protocol.MAX_LINE + 10))
+    assert next_event(server).kind == "lost"
+
+
+def test_connections_beyond_the_budget_are_refused(server):
+    held = [raw(server)[0] for _ in range(3 + 8)]
+    extra = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    assert closed(extra, 5)
+    for sock in held:
+        sock.close()
+
+
+def test_a_master_without_the_secret_cannot_command_an_agent():
+    """An impostor on the control address (same job id, no secret) gets no welcome accepted, so the
+    agent never starts its rank and never takes a `stop` from it."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def impostor() -> None:
+        sock, _ = listener.accept()
+        send(sock, {"type": "challenge", "nonce": "1" * 64, "job": JOB})
+        sock.makefile("rb").readline()
+        send(sock, {"type": "welcome", "mac": "2" * 64})
+        send(sock, {"type": "stop", "grace": 0})
+        time.sleep(1)
+        sock.close()
+
+    threading.Thread(target=impostor, daemon=True).start()
+    channel = connect(f"127.0.0.1:{listener.getsockname()[1]}", 5)
+    with pytest.raises(ConnectionError, match="does not know this job's secret"):
+        authenticate(channel, protocol.new_token(), JOB, HOST, 0, 1)
+    listener.close()
+
+
+def bad_hello(**over) -> dict:
+    return {
+        "type": "hello",
+        "job": JOB,
+        "host": HOST,
+        "rank": 0,
+        "pid": 1,
+        "nonce": "0" * 64,
+        "mac": "0" * 64,
+        **over,
+    }
+
+
+BAD_MESSAGES = [
+    ("not a dict", [1, 2]),
+    ("no type", {"step": 1}),
+    ("unknown type", {"type": "shutdown"}),
+    ("rank not int", bad_hello(rank="1")),
+    ("rank bool", bad_hello(rank=True)),
+    ("negative rank", bad_hello(rank=-1)),
+    ("empty host", bad_hello(host="")),
+    ("long host", bad_hello(host="h" * 300)),
+    ("short mac", bad_hello(mac="ab")),
+    ("step text", {"type": "beat", "step": "12"}),
+    ("step negative", {"type": "beat", "step": -3}),
+    ("age nan", {"type": "beat", "progress_age": float("nan")}),
+    ("age text", {"type": "beat", "progress_age": "1"}),
+    ("code text", {"type": "exit", "code": "1"}),
+    ("signal out of range", {"type": "exit", "code": 137, "signal": 999}),
+    ("tail not list", {"type": "exit", "code": 1, "tail": "boom"}),
+    ("tail too long", {"type": "exit", "code": 1, "tail": ["x"] * 31}),
+    ("tail of numbers", {"type": "exit", "code": 1, "tail": [1, 2]}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "message"), BAD_MESSAGES, ids=[c for c, _ in BAD_MESSAGES])
+def test_malformed_and_hostile_messages_are_named_and_dropped(case, message):
+    assert protocol.problem(message) is not None, case
+
+
+def test_well_formed_messages_pass():
+    assert protocol.problem({"type": "beat", "step": None, "progress_age": 0.5}) is None
+    assert (
+        protocol.problem({"type": "exit", "code": 0, "signal": None, "tail": [], "stop_reason": None}) is None
+    )
+
+
+def test_hostile_messages_after_the_handshake_never_kill_the_server(server):
+    channel = join(server)
+    assert next_event(server).kind == "hello"
+    for _, message in BAD_MESSAGES:
+        channel.send(message)
+    channel.send({"type": "beat", "step": 3, "progress_age": 0.0})
+    time.sleep(0.3)
+    assert [a.step for a in server.agents()] == [3]
+    assert join(server, rank=1) is not None  # the server still admits agents
