@@ -4,7 +4,7 @@ the table.
   python -m bench                      everything (under 20 minutes on 2 cores)
   python -m bench --only launch,scale  some of them (merged into latest.json / latest.md)
   python -m bench --repeat 5           override every repetition count
-Names: render, control, image, throughput, launch (time to first step + overhead), failure, scale.
+Names: render, control, floor, image, throughput, launch (time to first step + overhead), failure, scale.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import control, failure, image, launch, report, scale, throughput
+from bench import control, failure, floor, image, launch, report, scale, throughput
 from bench.common import ROOT, WORK, Ctx, Row, cpu_count, failed_row, image_present, load_average, log
 from bench.nodes import sweep
 
@@ -32,7 +32,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # Shares are cumulative deadlines: time a bench leaves unused goes to the next ones.
 SUITE: dict[str, tuple[Callable[[Ctx], list[Row]], float, float, bool]] = {
     "render": (scale.run_render, 5, 2, False),
-    "control": (control.run, 10, 3, False),
+    "control": (control.run, 60, 30, False),
+    "floor": (floor.run, 150, 60, False),
     "image": (image.run, 50, 30, True),
     "throughput": (throughput.run, 160, 60, False),
     "launch": (launch.run, 360, 120, True),

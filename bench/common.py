@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -227,6 +230,34 @@ def first_line(lines: Sequence[tuple[float, str]], needle: str) -> float | None:
     return None
 
 
+_JOB_LINE = re.compile(r"job (\S+): \d+ ranks on")
+
+
+def job_events(container: str, lines: Sequence[tuple[float, str]] | Sequence[str]) -> dict[str, dict]:
+    """The workload's events of the job a master started in `container` (the job id is in its log):
+    rank 0 writes them to the job directory, not the console. Works on a stopped container too."""
+    texts = [item[1] if isinstance(item, tuple) else item for item in lines]
+    job = next((m[1] for text in texts if (m := _JOB_LINE.search(text))), None)
+    if job is None:
+        return {}
+    with tempfile.TemporaryDirectory() as tmp:
+        done = subprocess.run(
+            ["docker", "cp", f"{container}:/run/gaudi-cluster/jobs/{job}/events.jsonl", tmp],
+            capture_output=True,
+            check=False,
+            timeout=30,
+        )
+        path = Path(tmp) / "events.jsonl"
+        if done.returncode != 0 or not path.exists():
+            return {}
+        out: dict[str, dict] = {}
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                out.setdefault(record.get("event", "?"), record)
+        return out
+
+
 def events_in(lines: Sequence[tuple[float, str]] | Sequence[str]) -> dict[str, dict]:
     """First occurrence of every workload event (`gaudi-cluster-event {...}`) by name."""
     out: dict[str, dict] = {}
@@ -247,8 +278,13 @@ class Streamed:
     """A process whose output lines are timestamped on arrival (host clock) and kept."""
 
     def __init__(
-        self, argv: Sequence[str], env: dict[str, str] | None = None, cwd: Path | None = None
+        self,
+        argv: Sequence[str],
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        container: str | None = None,
     ) -> None:
+        self.container = container  # where a master runs the job (its events are in a file there)
         self.argv = list(argv)
         self.lines: list[tuple[float, str]] = []
         self.t_start = time.time()
@@ -287,9 +323,16 @@ class Streamed:
                 self._cond.wait(min(left, 0.5))
         return True
 
+    def events(self) -> dict[str, dict]:
+        """Workload events: printed (a raw launch) or in the job's file (a master started in `container`)."""
+        found = events_in(self.lines)
+        if self.container is not None:
+            found = {**job_events(self.container, self.lines), **found}
+        return found
+
     def wait_event(self, name: str, timeout: float) -> dict | None:
-        self.wait_for(lambda: name in events_in(self.lines), timeout)
-        return events_in(self.lines).get(name)
+        self.wait_for(lambda: name in self.events(), timeout)
+        return self.events().get(name)
 
     def wait_exit(self, timeout: float) -> int | None:
         self.wait_for(lambda: self.t_exit is not None, timeout)

@@ -103,11 +103,21 @@ def prepare_raw_env(cluster: LocalCluster) -> str:
     return cluster.ip_of(cluster.master)
 
 
-def exec_ours(cluster: LocalCluster, job: Sequence[str]) -> Streamed:
-    """Our master, started afresh inside the held master's container: discovery, probes, launch, supervise."""
-    return Streamed(
-        ["docker", "exec", "-e", "GAUDI_CLUSTER_HOLD=0", cluster.master, "gaudi-cluster", "master", *job]
-    )
+def exec_ours(cluster: LocalCluster, job: Sequence[str], launcher: str | None = None) -> Streamed:
+    """Our master, started afresh inside the held master's container: discovery, probes, launch, supervise
+    (with its default launcher, or the one named)."""
+    chosen = ["-e", f"GAUDI_CLUSTER_LAUNCHER={launcher}"] if launcher else []
+    argv = [
+        "docker",
+        "exec",
+        "-e",
+        "GAUDI_CLUSTER_HOLD=0",
+        *chosen,
+        cluster.master,
+        "gaudi-cluster",
+        "master",
+    ]
+    return Streamed([*argv, "master", *job], container=cluster.master)
 
 
 def exec_raw(cluster: LocalCluster, master_ip: str, job: Sequence[str]) -> Streamed:

@@ -31,7 +31,7 @@ from bench.common import (
     stat,
 )
 
-STEPS = 60  # ~11 s of timed steps: a 15-step run (2 s) was mostly noise on shared cores
+STEPS = 80  # ~15 s of timed steps: a 15-step run (2 s) was mostly noise on shared cores
 WARMUP = 3
 BATCH = 4
 TIMEOUT = 600.0
@@ -44,8 +44,14 @@ def env(tmp: Path) -> dict[str, str]:
         GAUDI_CLUSTER_PROGRESS_FILE=str(tmp / "progress.json"),
         TOKENIZERS_PARALLELISM="false",
         PYTHONUNBUFFERED="1",
+        # One thread, on one core (below): intra-op threads fighting other processes for 2 shared cores
+        # made two runs of this bench disagree by 15 %.
+        OMP_NUM_THREADS="1",
     )
     return out
+
+
+ONE_CORE = ["taskset", "-c", "1"] if shutil.which("taskset") and (os.cpu_count() or 1) > 1 else []
 
 
 def run_ours(tmp: Path) -> dict:
@@ -93,7 +99,7 @@ def timed_run(
     what: str, script_argv: list[str], tmp: Path, results_of: Callable[[list[tuple[float, str]]], dict]
 ) -> dict:
     """Run one training script; samples/s from its results, time to first step from its events."""
-    proc = Streamed([sys.executable, "-u", *script_argv], env=env(tmp), cwd=ROOT)
+    proc = Streamed([*ONE_CORE, sys.executable, "-u", *script_argv], env=env(tmp), cwd=ROOT)
     try:
         code = proc.wait_exit(TIMEOUT)
         if code != 0:
@@ -108,7 +114,7 @@ def timed_run(
 
 
 def run(ctx: Ctx) -> list[Row]:
-    reps = ctx.reps(3)
+    reps = ctx.reps(4)
     WORK.mkdir(parents=True, exist_ok=True)
     subprocess.run(
         [sys.executable, "-m", "train.data", "--out", str(WORK / "data")],
@@ -145,9 +151,13 @@ def run(ctx: Ctx) -> list[Row]:
         return [
             failed_row("throughput.sps", "Workload samples/s vs plain Trainer", "; ".join(errors) or "no run")
         ]
-    note = f"tiny GPT-2 (configs/tiny-gpt2.json), batch {BATCH}, block 256, {STEPS} steps, {WARMUP} warm-up"
+    note = (
+        f"tiny GPT-2 (configs/tiny-gpt2.json), batch {BATCH}, block 256, {STEPS} steps, {WARMUP} warm-up, "
+        "1 thread on 1 core"
+    )
     if errors:
         note += "; failures: " + "; ".join(e.splitlines()[0] for e in errors)
+    paired = [o["sps"] / p["sps"] for o, p in zip(ours, plain, strict=False)]
     return [
         Row(
             "throughput.sps",
@@ -156,9 +166,16 @@ def run(ctx: Ctx) -> list[Row]:
             stat([r["sps"] for r in ours]),
             stat([r["sps"] for r in plain]),
             "plain transformers Trainer",
-            Target("ratio", ">=", 0.97, "ratio ≥ 0.97"),
+            Target("ratio", ">=", 0.98, "ratio ≥ 0.98"),
             note=note,
             details={"ours": ours, "plain": plain},
+        ),
+        Row(
+            "throughput.paired",
+            "  samples/s ratio of each interleaved pair (ours / plain Trainer)",
+            "",
+            stat(paired),
+            target=Target("ours", ">=", 0.98, "≥ 0.98"),
         ),
         Row(
             "throughput.ttfs",

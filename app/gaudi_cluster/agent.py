@@ -15,6 +15,7 @@ import collections
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -24,13 +25,15 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from gaudi_cluster import jobdir, procgroup
+from gaudi_cluster import jobdir, procgroup, protocol
 from gaudi_cluster.channel import Channel, authenticate, connect
 from gaudi_cluster.protocol import BEAT_INTERVAL_S
 
 TAIL_LINES = 30
-# A master gone silent or away leaves nothing to save for: the rank gets a short grace only.
-ORPHAN_GRACE_S = 5.0
+FULL_DISK_BYTES = 1 << 20
+# A master gone silent or away is an abort: the rank 0 it hosts, or the partition, leaves the
+# collectives nothing to save with, so the rank is killed at once (the last complete checkpoint stays).
+ORPHAN_GRACE_S = 0.0
 # SIGTERM/SIGINT to the agent itself (e.g. from deepspeed's launch.py on Ctrl-C) is a stop to save.
 SIGNAL_GRACE_S = 15.0
 
@@ -101,6 +104,8 @@ class RankAgent:
         self.env.update(jobdir.private_env(private))
         self.progress_file = self.job_dir / f"rank{self.rank}.progress"
         self.env["GAUDI_CLUSTER_PROGRESS_FILE"] = str(self.progress_file)
+        self.env["GAUDI_CLUSTER_EVENTS_FILE"] = str(self.job_dir / "events.jsonl")
+        self.work_sent, self.line_sent = -1, None
         self.pid_file = self.job_dir / f"rank{self.rank}.pid"
         self.log_path = self.job_dir / f"rank{self.rank}.log"
         self.prefix = f"[{self.host} rank {self.rank}] ".encode()
@@ -171,16 +176,23 @@ class RankAgent:
 
     # --- control channel ------------------------------------------------------------------------
 
-    def progress(self) -> tuple[int | None, float]:
-        """(last step, seconds since the rank last made progress), measured on this node only.
-
-        A rank that reports steps is judged by them; one that does not (any user script) by its output.
-        """
+    def beat_message(self) -> dict[str, object]:
+        """Progress measured on this node only: the age of the last step in the progress file, else of
+        the last output line (any user script), and each new step's work time, once."""
         try:
-            data = json.loads(self.progress_file.read_text())
-            return int(data["step"]), max(0.0, time.time() - float(data["t"]))
-        except (OSError, ValueError, TypeError, KeyError):
-            return None, time.monotonic() - self.last_output
+            progress = json.loads(self.progress_file.read_text())
+        except (OSError, ValueError):
+            progress = None
+        last = self.tail[-1] if self.tail else None
+        message, self.work_sent = protocol.beat(
+            progress if isinstance(progress, dict) else None,
+            self.work_sent,
+            time.monotonic() - self.last_output,
+            time.time(),
+            last if last != self.line_sent else None,
+        )
+        self.line_sent = last
+        return message
 
     def listen(self) -> None:
         assert self.channel is not None
@@ -201,8 +213,7 @@ class RankAgent:
     def beat(self) -> None:
         assert self.channel is not None and self.child is not None
         while self.child.poll() is None:
-            step, age = self.progress()
-            self.channel.send({"type": "beat", "step": step, "progress_age": round(age, 3)})
+            self.channel.send(self.beat_message())
             silent_for = time.monotonic() - self.last_beat
             if silent_for > self.heartbeat_timeout_s:
                 self.stop_child(f"no heartbeat from the master for {silent_for:.0f}s", ORPHAN_GRACE_S)
@@ -221,7 +232,9 @@ class RankAgent:
                         "launching); fix: start ranks through gaudi-cluster"
                     )
                 self.channel = connect(self.control_address, self.connect_timeout_s)
-                authenticate(self.channel, self.token, self.job_id, self.host, self.rank, os.getpid())
+                authenticate(
+                    self.channel, self.token, self.job_id, self.host, self.rank, os.getpid(), self.local_rank
+                )
             except ConnectionError as error:
                 self.say(f"error: {error}; the rank is not started without supervision")
                 return 1
@@ -243,10 +256,23 @@ class RankAgent:
         code, signum = (128 - returncode, -returncode) if returncode < 0 else (returncode, None)
         if signum is None and forwarded and returncode == 0:
             code = 128 + forwarded[-1]
+        if code != 0:
+            self._note_full_disk()
         self._report(code, signum)
         with contextlib.suppress(OSError):
             self.pid_file.unlink()
         return code
+
+    def _note_full_disk(self) -> None:
+        """A rank that dies writing to a full disk often says only `unexpected pos` (torch's zip
+        writer): name the cause when its output directory's disk is full."""
+        argv = self.program
+        directory = next(
+            (argv[i + 1] for i, word in enumerate(argv[:-1]) if word == "--output_dir"), os.getcwd()
+        )
+        with contextlib.suppress(OSError):
+            if shutil.disk_usage(directory).free < FULL_DISK_BYTES:
+                self.say(f"No space left on device: {directory} has less than 1 MiB free on {self.host}")
 
     def _report(self, code: int, signum: int | None) -> None:
         if self.channel is None:

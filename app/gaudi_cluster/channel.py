@@ -88,7 +88,9 @@ def connect(address: str, timeout_s: float) -> Channel:
     raise ConnectionError(f"cannot reach the master's control channel at {address}: {last_error}")
 
 
-def authenticate(channel: Channel, token: str, job: str, host: str, rank: int, pid: int) -> None:
+def authenticate(
+    channel: Channel, token: str, job: str, host: str, rank: int, pid: int, local_rank: int = 0
+) -> None:
     """The agent's side of the handshake; ConnectionError unless the master proves it has the secret."""
     channel.settimeout(protocol.HANDSHAKE_TIMEOUT_S)
     challenge = channel.receive()
@@ -99,7 +101,16 @@ def authenticate(channel: Channel, token: str, job: str, host: str, rank: int, p
     nonce = protocol.new_nonce()
     mac = protocol.hello_mac(token, str(challenge.get("nonce")), job, host, rank)
     channel.send(
-        {"type": "hello", "job": job, "host": host, "rank": rank, "pid": pid, "nonce": nonce, "mac": mac}
+        {
+            "type": "hello",
+            "job": job,
+            "host": host,
+            "rank": rank,
+            "local_rank": local_rank,
+            "pid": pid,
+            "nonce": nonce,
+            "mac": mac,
+        }
     )
     welcome = channel.receive()
     if not isinstance(welcome, dict) or welcome.get("type") != "welcome":

@@ -11,7 +11,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-MIN_FREE_DISK = 1 << 30
 MIN_FREE_SHM = 256 << 20
 COMPARED_PACKAGES = ("torch", "deepspeed", "transformers", "optimum-habana")
 
@@ -40,6 +39,7 @@ def check_nodes(
     socket_ifname: str | None,
     env: Mapping[str, str],
     required_paths: Sequence[str],
+    min_free_disk: int,
 ) -> list[Finding]:
     findings: list[Finding] = []
     for host, why in unreachable.items():
@@ -47,7 +47,7 @@ def check_nodes(
     for host, report in reports.items():
         findings.append(Finding(host, "ssh", True, f"reachable as {report.get('hostname')}"))
         findings += _node_findings(
-            host, report, requested_slots.get(host), socket_ifname, env, required_paths
+            host, report, requested_slots.get(host), socket_ifname, env, required_paths, min_free_disk
         )
     findings += _consistency_findings(reports)
     return findings
@@ -60,6 +60,7 @@ def _node_findings(
     socket_ifname: str | None,
     env: Mapping[str, str],
     required_paths: Sequence[str],
+    min_free_disk: int,
 ) -> list[Finding]:
     found: list[Finding] = []
     detected = int(report.get("slots") or 0)
@@ -118,17 +119,20 @@ def _node_findings(
     if required_paths and all((report.get("paths") or {}).get(p) for p in required_paths):
         found.append(Finding(host, "workload", True, "present"))
     disk = report.get("free_disk_bytes")
-    if disk is not None and disk < MIN_FREE_DISK:
+    where = report.get("output_dir", "the output directory")
+    if disk is not None and disk < min_free_disk:
         found.append(
             Finding(
                 host,
                 "disk",
                 False,
-                f"{disk >> 20} MiB free",
-                "free disk space for checkpoints",
+                f"{where}: {disk >> 20} MiB free, below --min-free-disk {min_free_disk >> 20} MiB",
+                "free space there (checkpoints land on every node) or use --output_dir on a larger volume",
                 blocking=False,
             )
         )
+    elif disk is not None:
+        found.append(Finding(host, "disk", True, f"{where}: {disk >> 20} MiB free"))
     shm = report.get("free_shm_bytes")
     if shm is not None and shm < MIN_FREE_SHM:
         found.append(

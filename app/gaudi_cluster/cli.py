@@ -36,6 +36,7 @@ DOCTOR_SETTINGS = (
     "env",
     "env_pass",
     "socket_ifname",
+    "min_free_disk",
     "job_root",
 )
 
@@ -125,6 +126,24 @@ def _parsers() -> tuple[Parser, dict[str, argparse.ArgumentParser]]:
     add_config_flags(doctor, DOCTOR_SETTINGS)
     doctor.add_argument("--json", action="store_true", help="print the JSON only")
 
+    status = sub.add_parser(
+        "status",
+        help="nodes and ranks of the running job: state, step, step time, heartbeat, last line",
+        description=(
+            "Ask the running master (on this node: run it inside the master's container) for its job's "
+            "state over a local socket in the job directory: one row per rank with its host, device, "
+            "state, step, step time, heartbeat age and last output line, the live progress line and the "
+            "stragglers named so far."
+        ),
+        epilog=_examples(
+            "docker exec gaudi-cluster-master gaudi-cluster status",
+            "gaudi-cluster status --job-id 20261130-120000-a1b2c3 --json",
+        ),
+    )
+    status.add_argument("--job-id", help="a job under --job-root; default: the running one")
+    status.add_argument("--json", action="store_true", help="print the JSON snapshot")
+    status.add_argument("--job-root", default=DEFAULT_JOB_ROOT, help=f"default {DEFAULT_JOB_ROOT}")
+
     probe = sub.add_parser(
         "probe",
         help="report this node as JSON (the master runs it over ssh)",
@@ -150,6 +169,7 @@ def _parsers() -> tuple[Parser, dict[str, argparse.ArgumentParser]]:
     probe.add_argument(
         "--stage", metavar="JOB_ID", help="create this job's directory, private file from stdin"
     )
+    probe.add_argument("--output-dir", help="report the free space where the job will write")
     probe.add_argument("--job-root", default=DEFAULT_JOB_ROOT, help=f"default {DEFAULT_JOB_ROOT}")
 
     reap = sub.add_parser(
@@ -171,12 +191,19 @@ def _parsers() -> tuple[Parser, dict[str, argparse.ArgumentParser]]:
         epilog=_examples("gaudi-cluster hostfile /job/hostfile"),
     )
     check.add_argument("path", help="the hostfile to check")
-    for command in (master, doctor, probe, reap, check):
+    for command in (master, doctor, status, probe, reap, check):
         # After the command too; SUPPRESS keeps a -v given before it from being reset.
         command.add_argument(
             "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging"
         )
-    return parser, {"master": master, "doctor": doctor, "probe": probe, "reap": reap, "hostfile": check}
+    return parser, {
+        "master": master,
+        "doctor": doctor,
+        "probe": probe,
+        "reap": reap,
+        "hostfile": check,
+        "status": status,
+    }
 
 
 def _positive(value: str) -> int:
@@ -267,10 +294,22 @@ def _dispatch(args: argparse.Namespace) -> int:
         killed = reap_job(Path(args.job_root), args.job_id)
         log.info("job %s: %d leftover processes killed", args.job_id, len(killed))
         return 0
+    if args.command == "status":
+        from gaudi_cluster import status
+
+        return status.main(Path(args.job_root), args.job_id, args.json)
     if args.command == "probe":
         from gaudi_cluster import probe
 
-        return probe.run(args.path, args.accelerator, args.slots, args.check_efa, args.stage, args.job_root)
+        return probe.run(
+            args.path,
+            args.accelerator,
+            args.slots,
+            args.check_efa,
+            args.stage,
+            args.job_root,
+            args.output_dir,
+        )
     if args.command == "hostfile":
         from gaudi_cluster.hostfile import read_hostfile, render_hostfile
 

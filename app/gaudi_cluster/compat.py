@@ -257,7 +257,11 @@ def parse_gaudi_spawn_args(
 def config_for_spawn(request: SpawnRequest, base: ClusterConfig, dry_run: bool) -> ClusterConfig:
     """The master's configuration for a spawn: the launcher and ports asked for, and the hostfile as
     the only peer source, or this node alone with world_size slots."""
+    # As optimum-habana: mpirun, DeepSpeed, torch.distributed.run for several cards, plain python for
+    # one (here the direct launcher: one rank agent, no launcher in between).
     launcher = "mpirun" if request.use_mpi else "deepspeed" if request.use_deepspeed else "torchrun"
+    if launcher == "torchrun" and request.world_size == 1:
+        launcher = "direct"
     config = replace(
         base,
         launcher=launcher,

@@ -24,6 +24,7 @@ from gaudi_cluster.setting_types import (
     port,
     positive_int,
     seconds,
+    size,
     text,
     variable_names,
 )
@@ -86,7 +87,12 @@ class ClusterConfig:
         None, positive_int, "ranks per node (default: devices detected; 1 on cpu)", "2"
     )
     launcher: str = setting(
-        "deepspeed", choice("deepspeed", "mpirun", "torchrun"), "how the ranks are started", "mpirun"
+        "direct",
+        choice("direct", "deepspeed", "mpirun", "torchrun"),
+        "how the ranks are started: direct (ours: the same rank environment as DeepSpeed's launcher, "
+        "without its torch imports), deepspeed (DeepSpeed's runner over pdsh, the seed's path), "
+        "mpirun, torchrun (one node)",
+        "deepspeed",
     )
     master_addr: str | None = setting(
         None, text, "address the ranks rendezvous on (default: the master's interface)", "10.0.0.1"
@@ -122,6 +128,20 @@ class ClusterConfig:
     )
     stop_grace: float = setting(
         8.0, seconds, "seconds ranks get to save and exit after a stop (fits docker stop's 10 s)", "20"
+    )
+    status_interval: float = setting(
+        30.0,
+        seconds,
+        "seconds between status lines when the console is not a terminal (a terminal "
+        "shows one line, redrawn in place)",
+        "60",
+    )
+    min_free_disk: int = setting(
+        64 << 20,  # the default job's checkpoint is 16 MB per node
+        size,
+        "warn when a node's output directory has less free space (two checkpoints of the default job "
+        "and its final model); units K, M, G",
+        "20G",
     )
     max_restarts: int = setting(
         0, non_negative_int, "re-run a failed job up to N times (resumes from checkpoints)", "1"

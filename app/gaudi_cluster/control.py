@@ -26,6 +26,8 @@ from gaudi_cluster.channel import Channel
 log = logging.getLogger("gaudi_cluster.control")
 
 SPARE_CONNECTIONS = 8  # beyond one per expected rank: reconnects, probes by operators
+RECENT_WORK = 64
+MAX_WORK_HISTORY = 50_000  # per rank: the report's plot of a long job keeps its first 50k steps
 
 
 @dataclass
@@ -43,6 +45,13 @@ class AgentState:
     progress_age: float | None = None
     progress_received: float | None = None
     exited: bool = False
+    local_rank: int = 0
+    max_steps: int | None = None
+    samples_per_step: int | None = None
+    last_line: str = ""
+    # (step, seconds of this rank's own work): the recent ones for the live view, all for the report.
+    recent_work: tuple[tuple[int, float], ...] = ()
+    work_history: list[tuple[int, float]] = field(default_factory=list, repr=False)
 
     def progress_age_now(self, now: float) -> float | None:
         if self.progress_age is None or self.progress_received is None:
@@ -83,6 +92,7 @@ class ControlServer:
         self._max_connections = len(self._expected) + SPARE_CONNECTIONS
         self._clock = clock
         self._agents: dict[int, AgentState] = {}
+        self._finished_work: dict[int, list[tuple[int, float]]] = {}
         self._open = 0
         self._logged: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
@@ -102,6 +112,13 @@ class ControlServer:
         """A snapshot of every agent's state (copies: the live ones change under the lock)."""
         with self._lock:
             return [dataclasses.replace(agent) for agent in self._agents.values()]
+
+    def work_histories(self) -> dict[int, list[tuple[int, float]]]:
+        """Every rank's work time per step so far (for the final report)."""
+        with self._lock:
+            histories = {rank: list(agent.work_history) for rank, agent in self._agents.items()}
+            histories.update({rank: list(work) for rank, work in self._finished_work.items()})
+        return histories
 
     def mark_exited(self, rank: int) -> None:
         """The supervisor has accounted for this rank (its exit or loss): report nothing more of it."""
@@ -179,6 +196,7 @@ class ControlServer:
             reported = agent.exited
             if self._agents.get(agent.rank) is agent:
                 del self._agents[agent.rank]  # the rank may reconnect (its agent retries)
+                self._finished_work[agent.rank] = agent.work_history
         self._release()
         if not reported and not self._stopping.is_set():
             self.events.put(ControlEvent("lost", agent.host, agent.rank, {"reason": "connection closed"}))
@@ -209,7 +227,14 @@ class ControlServer:
             raise Refused(f"wrong job secret for rank {rank} from host {host}")
         if self._expected.get(rank) != host:
             raise Refused(f"rank {rank} on host {host} was not launched by this job")
-        agent = AgentState(host=host, rank=rank, pid=hello["pid"], channel=channel, last_seen=self._clock())
+        agent = AgentState(
+            host=host,
+            rank=rank,
+            pid=hello["pid"],
+            channel=channel,
+            last_seen=self._clock(),
+            local_rank=hello.get("local_rank", 0),
+        )
         with self._lock:
             if rank in self._agents:
                 raise Refused(f"rank {rank} is already connected")
@@ -229,6 +254,14 @@ class ControlServer:
                 agent.step = message.get("step", agent.step)
                 if message.get("progress_age") is not None:
                     agent.progress_age, agent.progress_received = float(message["progress_age"]), now
+                agent.max_steps = message.get("max_steps", agent.max_steps)
+                agent.samples_per_step = message.get("samples_per_step", agent.samples_per_step)
+                agent.last_line = message.get("last_line") or agent.last_line
+                work = [(int(step), float(seconds)) for step, seconds in message.get("work", [])]
+                if work:
+                    agent.recent_work = (*agent.recent_work, *work)[-RECENT_WORK:]
+                    if len(agent.work_history) < MAX_WORK_HISTORY:
+                        agent.work_history.extend(work)
             elif kind == "exit":
                 agent.exited = True
         if kind == "exit":

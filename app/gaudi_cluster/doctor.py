@@ -14,7 +14,7 @@ from typing import TextIO
 from gaudi_cluster import checks
 from gaudi_cluster.config import ClusterConfig
 from gaudi_cluster.prepare import job_env_for, user_env_files
-from gaudi_cluster.program import program_from_args, required_paths, resolve_accelerator
+from gaudi_cluster.program import output_dir, program_from_args, required_paths, resolve_accelerator
 from gaudi_cluster.survey import survey_nodes
 
 
@@ -22,7 +22,9 @@ def run_doctor(
     config: ClusterConfig, environ: Mapping[str, str], out: TextIO, json_only: bool = False
 ) -> int:
     program = program_from_args([], sys.executable, resolve_accelerator(config.accelerator, environ), environ)
-    survey = survey_nodes(config, required_paths(program, os.getcwd()), environ)
+    survey = survey_nodes(
+        config, required_paths(program, os.getcwd()), environ, output_dir=output_dir(program, environ)
+    )
     accelerator = resolve_accelerator(config.accelerator, environ, survey.master_report)
     env_file = job_env_for(config, accelerator, survey, environ, user_env_files(environ))
     findings = checks.check_nodes(
@@ -32,6 +34,7 @@ def run_doctor(
         survey.socket_ifname,
         env_file.as_dict(),
         survey.paths,
+        min_free_disk=config.min_free_disk,
     )
     if not json_only:
         out.write(checks.render_table(findings) + "\n\n")

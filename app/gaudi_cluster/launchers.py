@@ -4,6 +4,7 @@ as in DeepSpeed's multinode_runner.py; `plan_for` picks the class from the launc
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
@@ -238,7 +239,46 @@ class TorchrunLauncher:
         return LaunchPlan(base.argv, {**inputs.env, **base.env}, base.launcher)
 
 
-LAUNCHERS = {cls.name: cls for cls in (DeepSpeedLauncher, MpirunLauncher, TorchrunLauncher)}
+class DirectLauncher:
+    """Our own launch: one `gaudi_cluster.fanout` here, starting `gaudi_cluster.node` on every node
+    (this one without ssh, the others over the survey's shared ssh connections), each starting its
+    rank agents with the environment DeepSpeed's launch.py would give them. Nothing on the way
+    imports torch, which DeepSpeed's runner and launch.py each do before a rank starts."""
+
+    name = "direct"
+
+    def plan(self, inputs: PlanInputs) -> LaunchPlan:
+        if inputs.runner_args or inputs.launcher_args:
+            raise ConfigError(
+                "DeepSpeed runner flags (--include, --exclude, --launcher_args, --bind_cores_to_rank) need "
+                "DeepSpeed's launcher; fix: --launcher deepspeed"
+            )
+        nodes, first = [], 0
+        for index, entry in enumerate(inputs.hostfile.entries):
+            spec = {
+                "node_rank": index,
+                "nnodes": len(inputs.hostfile.entries),
+                "first_rank": first,
+                "slots": list(range(entry.slots)),
+                "world_size": inputs.hostfile.world_size,
+                "master_addr": inputs.master_addr,
+                "master_port": inputs.master_port,
+                "cwd": inputs.cwd,
+                "env": dict(inputs.env),
+                "python": inputs.python,
+                "agent_args": inputs.agent.args(inputs.program),
+            }
+            here = inputs.local or entry.host == inputs.this_node
+            nodes.append({"host": entry.host, "here": here, "spec": spec})
+            first += entry.slots
+        # A dry run writes no ssh config: the spec shows where it would be.
+        ssh_config = inputs.ssh_config_path or "(the job's ssh config)"
+        launch = {"python": inputs.python, "ssh_config": ssh_config, "nodes": nodes}
+        argv = (inputs.python, "-u", "-m", "gaudi_cluster.fanout")
+        return LaunchPlan(argv, {}, self.name, stdin=json.dumps(launch, indent=1))
+
+
+LAUNCHERS = {cls.name: cls for cls in (DirectLauncher, DeepSpeedLauncher, MpirunLauncher, TorchrunLauncher)}
 
 
 def plan_for(launcher: str, inputs: PlanInputs) -> LaunchPlan:

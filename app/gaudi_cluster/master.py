@@ -11,11 +11,11 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from pathlib import Path
 from typing import TextIO
 
-from gaudi_cluster import jobdir, plan, ssh
+from gaudi_cluster import jobdir, plan, report, ssh
 from gaudi_cluster.config import ClusterConfig
 from gaudi_cluster.control import ControlServer
 from gaudi_cluster.hostfile import render_hostfile
@@ -24,6 +24,7 @@ from gaudi_cluster.plan import LaunchOptions
 from gaudi_cluster.prepare import PreparedJob, prepare, print_dry_run, stable_hostfile_path
 from gaudi_cluster.program import program_from_args, resolve_accelerator
 from gaudi_cluster.reap import reap_job
+from gaudi_cluster.status import StatusServer
 from gaudi_cluster.supervise import Supervisor, SupervisorSettings
 
 log = logging.getLogger("gaudi_cluster.master")
@@ -69,6 +70,7 @@ def run_prepared(job: PreparedJob, config: ClusterConfig, out: TextIO) -> JobOut
         start_timeout_s=config.start_timeout,
         stuck_timeout_s=config.stuck_timeout,
         stop_grace_s=config.stop_grace,
+        status_interval_s=config.status_interval,
     )
     supervisor = Supervisor(
         job.job_id,
@@ -80,27 +82,65 @@ def run_prepared(job: PreparedJob, config: ClusterConfig, out: TextIO) -> JobOut
         on_all_started=lambda: remove_private_files(job, config),
     )
     supervisor.install_signal_handlers()
+    status = StatusServer(job.job_dir, supervisor.snapshot)
+    status.start()
     log.info(
         "job %s: %d ranks on %d nodes; launching: %s",
         job.job_id,
         job.world_size,
         len(job.ranks_by_host),
-        plan.render_shell(job.plan),
+        plan.render_shell(job.plan).split("\n")[0],
     )
-    started = time.monotonic()
+    started, launched_at = time.monotonic(), time.time()
     try:
         outcome = supervisor.run()
     finally:
         server.close()
-    if outcome.leaves_processes:
-        reap_everywhere(job, config)
-    else:
-        out.write(
-            f"gaudi-cluster: job {job.job_id} succeeded: {job.world_size} ranks on "
-            f"{len(job.ranks_by_host)} nodes in {time.monotonic() - started:.1f}s\n"
-        )
-        out.flush()
+        status.close()
+    try:
+        if outcome.leaves_processes:
+            reap_everywhere(job, config, supervisor.lost_hosts)
+        else:
+            out.write(
+                f"gaudi-cluster: job {job.job_id} succeeded: {job.world_size} ranks on "
+                f"{len(job.ranks_by_host)} nodes in {time.monotonic() - started:.1f}s\n"
+            )
+            out.flush()
+        write_report(job, outcome, supervisor, launched_at)
+    finally:
+        job.survey.release()
     return outcome
+
+
+def write_report(job: PreparedJob, outcome: JobOutcome, supervisor: Supervisor, launched_at: float) -> None:
+    """job_report.json and job_report.png next to the job's results (on this node)."""
+    directory = Path(job.output_dir)
+    events = report.read_events(job.job_dir / "events.jsonl", directory / "events.jsonl")
+    first_events = {e["event"]: e.get("t") for e in reversed(events) if "event" in e}
+    points = {
+        "container_start": report.container_start(),
+        "master_start": report.process_start(),
+        "launch": launched_at,
+        **{name: first_events.get(name) for name in ("start", "imports_done", "model_ready", "first_step")},
+    }
+    flagged = supervisor.view.watch.flagged
+    built = report.build(
+        job_id=job.job_id,
+        state=outcome.state.value,
+        exit_code=outcome.exit_code,
+        reports=job.survey.reports,
+        ranks_by_host=job.ranks_by_host,
+        rank_hosts=job.rank_hosts,
+        preset_names=[name for name, _ in job.env.items],
+        private_names=[name for name, _ in job.env.private],
+        points=points,
+        events=events,
+        stragglers=[s.line() for s in flagged.values()],
+        failure=outcome.failure.summary(job.job_id) if outcome.failure else None,
+    )
+    written = report.write(built, supervisor.server.work_histories(), set(flagged), directory)
+    if written:
+        log.info("job report: %s", ", ".join(str(path) for path in written))
 
 
 def remove_private_files(job: PreparedJob, config: ClusterConfig) -> None:
@@ -119,8 +159,11 @@ def remove_private_files(job: PreparedJob, config: ClusterConfig) -> None:
             )
 
 
-def reap_everywhere(job: PreparedJob, config: ClusterConfig) -> None:
-    """Kill whatever is left of this job (by its pid files) on every node still reachable."""
+def reap_everywhere(job: PreparedJob, config: ClusterConfig, lost_hosts: Set[str] = frozenset()) -> None:
+    """Kill whatever is left of this job (by its pid files) on every node still reachable.
+
+    Nodes whose agents were lost are skipped: dead, or cut off, where those agents end their ranks
+    themselves once the master's heartbeats stop; waiting on them would only delay the exit."""
     if job.local:
         reap_job(Path(config.job_root), job.job_id)
         return
@@ -137,7 +180,11 @@ def reap_everywhere(job: PreparedJob, config: ClusterConfig) -> None:
         config.job_root,
     ]
     # A dead or cut-off node must not hold the master's exit: its own agents end its ranks anyway.
-    results = ssh.run_on_hosts(job.hostfile.hosts, cmd, job.ssh_config, timeout_s=3, connect_timeout_s=1)
+    names = {
+        host: str(job.survey.reports.get(host, {}).get("hostname") or host) for host in job.hostfile.hosts
+    }
+    reachable = [host for host, name in names.items() if name not in lost_hosts]
+    results = ssh.run_on_hosts(reachable, cmd, job.ssh_config, timeout_s=3, connect_timeout_s=1)
     for host, result in results.items():
         if not result.ok:
             why = ssh.explain_ssh_failure(result, config.ssh_port)
@@ -148,6 +195,7 @@ def hold(config: ClusterConfig, environ: Mapping[str, str], out: TextIO) -> int:
     """Prepare the cluster (hostfile, env file) and stay up so users can launch by hand."""
     program = program_from_args([], sys.executable, resolve_accelerator(config.accelerator, environ), environ)
     job = prepare(config, program, environ)
+    job.survey.release()  # users launch their own jobs; this one holds no ssh connection open
     stable = stable_hostfile_path(config)
     out.write(
         f"gaudi-cluster: cluster ready; hostfile at {stable}:\n{render_hostfile(job.hostfile)}"

@@ -6,6 +6,8 @@ import enum
 import signal
 from dataclasses import dataclass, field
 
+from gaudi_cluster.diagnosis import explain
+
 
 class JobState(enum.Enum):
     SUCCEEDED = "succeeded"  # every rank exited 0
@@ -29,9 +31,11 @@ class RankFailure:
     tail: tuple[str, ...] = ()
 
     def summary(self, job_id: str) -> str:
+        """One line: where, how, the rank's own error and a hint when the cause is a known one."""
         where = f"host {self.host}" + (f" rank {self.rank}" if self.rank is not None else "")
+        why = explain(self.tail, "SIGKILL" if "SIGKILL" in self.what else None)
         last = " | ".join(line.strip() for line in self.tail[-3:] if line.strip())
-        return f"job {job_id} failed: {where} {self.what}" + (f"; last lines: {last}" if last else "")
+        return f"job {job_id} failed: {where} {self.what}{why}" + (f"; last lines: {last}" if last else "")
 
 
 @dataclass(frozen=True)

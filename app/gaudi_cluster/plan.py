@@ -25,16 +25,18 @@ class LaunchPlan:
     # Only what the plan adds to the launcher process's own environment (not the ranks').
     env: Mapping[str, str] = field(default_factory=dict)
     launcher: str = ""
+    stdin: str | None = None  # the launcher's whole standard input (the direct launcher's node specs)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
 
 
 def render_shell(plan: LaunchPlan) -> str:
-    """One copy-pasteable shell line for --dry-run."""
+    """One copy-pasteable shell line for --dry-run (its stdin as a here-document)."""
     prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(plan.env.items()))
     cmd = shlex.join(plan.argv)
-    return f"{prefix} {cmd}" if prefix else cmd
+    line = f"{prefix} {cmd}" if prefix else cmd
+    return f"{line} <<'SPEC'\n{plan.stdin}\nSPEC" if plan.stdin is not None else line
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,8 @@ class PlanInputs:
     mpi_root: str | None = None
     openmpi_major: int = 4
     local: bool = False  # every rank on this node: no ssh, no pdsh
+    this_node: str | None = None  # the hostfile entry that is this machine (started without ssh)
+    cwd: str = "/"  # where the ranks run (the master's working directory, as DeepSpeed's runner does)
     # DeepSpeed runner flags passed through as given: --include/--exclude, --bind_cores_to_rank, ...
     runner_args: tuple[str, ...] = ()
     launcher_args: str = ""  # DeepSpeed's --launcher_args: extra flags for the backend (pdsh, mpirun)

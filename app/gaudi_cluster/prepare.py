@@ -20,7 +20,7 @@ from gaudi_cluster import checks, envfile, jobenv, launchers, plan, protocol
 from gaudi_cluster.config import ClusterConfig
 from gaudi_cluster.errors import ClusterNotReady, ConfigError
 from gaudi_cluster.hostfile import HostEntry, Hostfile, active_resources, make_hostfile, render_hostfile
-from gaudi_cluster.program import required_paths, resolve_accelerator
+from gaudi_cluster.program import output_dir, required_paths, resolve_accelerator
 from gaudi_cluster.survey import NodeSurvey, survey_nodes
 
 log = logging.getLogger("gaudi_cluster.prepare")
@@ -43,6 +43,8 @@ class PreparedJob:
     local: bool
     control_addr: str  # where the control channel listens: the address the ranks reach it on
     rank_hosts: Mapping[int, str]  # each rank and the host name of the node it runs on
+    output_dir: str  # where the job writes (its --output_dir, else the cluster's): the report goes there
+    survey: NodeSurvey = field(repr=False)  # its shared ssh connections end with the attempt
     token: str = field(repr=False, default="")  # this attempt's secret for the control channel
 
     @property
@@ -109,9 +111,12 @@ def _check_or_stop(config: ClusterConfig, survey: NodeSurvey, env_file: envfile.
         survey.socket_ifname,
         env_file.as_dict(),
         survey.paths,
+        min_free_disk=config.min_free_disk,
     )
     if config.skip_doctor or config.dry_run:
         return
+    for warning in (f for f in findings if not f.ok and not f.blocking):
+        log.warning("warning: %s %s: %s; fix: %s", warning.host, warning.check, warning.detail, warning.fix)
     problems = checks.blocking(findings)
     if problems:
         print(checks.render_table(findings), file=sys.stderr)
@@ -146,7 +151,25 @@ def prepare(
     user_files = user_env_files(environ)
     token = protocol.new_token()
     private = {"env": jobenv.private_values(user_files, config.env_pass, environ), "token": token}
-    survey = survey_nodes(config, required_paths(program, os.getcwd()), environ, private)
+    survey = survey_nodes(
+        config, required_paths(program, os.getcwd()), environ, private, output_dir(program, environ)
+    )
+    try:
+        return _prepare_surveyed(config, program, environ, options, survey, user_files, token)
+    except BaseException:
+        survey.release()
+        raise
+
+
+def _prepare_surveyed(
+    config: ClusterConfig,
+    program: Sequence[str],
+    environ: Mapping[str, str],
+    options: plan.LaunchOptions,
+    survey: NodeSurvey,
+    user_files: Sequence[jobenv.UserEnvFile],
+    token: str,
+) -> PreparedJob:
     if survey.unreachable:
         details = "; ".join(f"{host}: {why}" for host, why in survey.unreachable.items())
         raise ClusterNotReady(
@@ -155,9 +178,7 @@ def prepare(
     accelerator = resolve_accelerator(config.accelerator, environ, survey.master_report)
     env_file = job_env_for(config, accelerator, survey, environ, user_files)
     for line in jobenv.describe(env_file, user_files):
-        log.warning("%s", line.removeprefix("warning: ")) if line.startswith("warning:") else log.info(
-            "%s", line
-        )
+        log.log(logging.WARNING if line.startswith("warning:") else logging.INFO, "%s", line)
     _check_or_stop(config, survey, env_file)
     hostfile = hostfile_for(config, survey)
     active = active_resources(hostfile, options.include, options.exclude)
@@ -193,6 +214,8 @@ def prepare(
         mpi_root=environ.get("MPI_ROOT"),
         openmpi_major=openmpi_major() if config.launcher == "mpirun" else 4,
         local=survey.local,
+        this_node=survey.this_node,
+        cwd=os.getcwd(),
         runner_args=options.runner_args(),
         launcher_args=options.launcher_args,
     )
@@ -215,6 +238,8 @@ def prepare(
         local=survey.local,
         control_addr=survey.local_addr,
         rank_hosts=rank_hosts(active, survey.reports),
+        output_dir=output_dir(program, environ),
+        survey=survey,
         token=token,
     )
 

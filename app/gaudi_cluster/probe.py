@@ -80,7 +80,21 @@ def _efa_provider_ok() -> bool | None:
         return False
 
 
-def probe(paths: Sequence[str], accelerator: str, cpu_slots: int | None, check_efa: bool) -> dict[str, Any]:
+def _existing_ancestor(path: str) -> str:
+    """The output directory may not exist yet: its disk is the one of its nearest existing parent."""
+    current = Path(path)
+    while not current.exists() and current != current.parent:
+        current = current.parent
+    return str(current)
+
+
+def probe(
+    paths: Sequence[str],
+    accelerator: str,
+    cpu_slots: int | None,
+    check_efa: bool,
+    output_dir: str | None = None,
+) -> dict[str, Any]:
     environ = dict(os.environ)
     kind = devices.detect_accelerator(environ) if accelerator == "auto" else accelerator
     report: dict[str, Any] = {
@@ -92,7 +106,8 @@ def probe(paths: Sequence[str], accelerator: str, cpu_slots: int | None, check_e
         "build_id": BUILD_ID_FILE.read_text().strip() if BUILD_ID_FILE.exists() else None,
         "interfaces": interfaces(),
         "paths": {path: os.path.exists(path) for path in paths},
-        "free_disk_bytes": _free_bytes(os.getcwd()),
+        "output_dir": output_dir or os.getcwd(),
+        "free_disk_bytes": _free_bytes(_existing_ancestor(output_dir or os.getcwd())),
         "free_shm_bytes": _free_bytes("/dev/shm"),
         "uverbs_devices": sorted(glob.glob("/dev/infiniband/uverbs*")),
         "hccl_ofi_wrapper": _hccl_ofi_wrapper(),
@@ -109,6 +124,7 @@ def run(
     check_efa: bool,
     stage_job: str | None,
     job_root: str,
+    output_dir: str | None = None,
 ) -> int:
     """`gaudi-cluster probe`: stage the job's directory (private payload on stdin) if asked, then report."""
     if stage_job:
@@ -119,5 +135,5 @@ def run(
                 "probe --stage: stdin is not the master's JSON payload; fix: let the master run it"
             ) from None
         jobdir.stage(job_root, stage_job, payload)
-    print(json.dumps(probe(paths, accelerator, cpu_slots, check_efa), sort_keys=True))
+    print(json.dumps(probe(paths, accelerator, cpu_slots, check_efa, output_dir), sort_keys=True))
     return 0

@@ -66,3 +66,13 @@ def required_paths(program: Sequence[str], cwd: str) -> list[str]:
     if program and os.path.isabs(program[0]):
         paths.append(program[0])
     return paths
+
+
+def output_dir(program: Sequence[str], environ: Mapping[str, str]) -> str:
+    """Where the job writes: its --output_dir (the transformers convention), else the cluster's."""
+    for i, word in enumerate(program):
+        if word == "--output_dir" and i + 1 < len(program):
+            return program[i + 1]
+        if word.startswith("--output_dir="):
+            return word.split("=", 1)[1]
+    return environ.get("GAUDI_CLUSTER_OUTPUT_DIR") or DEFAULT_OUTPUT

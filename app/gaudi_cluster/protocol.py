@@ -23,6 +23,8 @@ BEAT_INTERVAL_S = 1.0  # both ends send a beat every second
 HANDSHAKE_TIMEOUT_S = 5.0
 TAIL_MAX_LINES = 30
 TAIL_MAX_CHARS = 2048
+WORK_PER_BEAT = 16  # a beat stays well under 1 KB
+LAST_LINE_CHARS = 160
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -73,6 +75,9 @@ def _check_hello(message: Mapping[str, Any]) -> str | None:
         return "rank is not a non-negative integer"
     if not _is_int(message.get("pid")) or message["pid"] < 0:
         return "pid is not a non-negative integer"
+    local_rank = message.get("local_rank", 0)
+    if not _is_int(local_rank) or local_rank < 0:
+        return "local_rank is not a non-negative integer"
     for field in ("nonce", "mac"):
         if not isinstance(message.get(field), str) or not _HEX64.fullmatch(message[field]):
             return f"{field} is not 64 hex digits"
@@ -80,13 +85,50 @@ def _check_hello(message: Mapping[str, Any]) -> str | None:
 
 
 def _check_beat(message: Mapping[str, Any]) -> str | None:
-    step = message.get("step")
-    if step is not None and (not _is_int(step) or step < 0):
-        return "step is not a non-negative integer"
+    for field in ("step", "max_steps", "samples_per_step"):
+        value = message.get(field)
+        if value is not None and (not _is_int(value) or value < 0):
+            return f"{field} is not a non-negative integer"
     age = message.get("progress_age")
     if age is not None and (not _is_number(age) or age < 0):
         return "progress_age is not a non-negative number"
+    work = message.get("work", [])
+    if not isinstance(work, list) or len(work) > WORK_PER_BEAT:
+        return f"work is not a list of at most {WORK_PER_BEAT} [step, seconds] pairs"
+    for pair in work:
+        if not (isinstance(pair, list) and len(pair) == 2 and _is_int(pair[0]) and _is_number(pair[1])):
+            return "work holds something other than [step, seconds] pairs"
+        if pair[0] < 0 or pair[1] < 0:
+            return "work holds a negative step or duration"
+    line = message.get("last_line")
+    if line is not None and not _short_text(line, LAST_LINE_CHARS):
+        return f"last_line is not a string of at most {LAST_LINE_CHARS} characters"
     return None
+
+
+def beat(
+    progress: Mapping[str, Any] | None, sent_upto: int, output_age: float, now: float, last_line: str | None
+) -> tuple[dict[str, Any], int]:
+    """An agent's beat from its rank's progress file (None: the rank writes none) and (the message,
+    the last step whose work time it carries): each step's work time is sent once."""
+    message: dict[str, Any] = {"type": "beat", "step": None, "progress_age": round(max(0.0, output_age), 3)}
+    if last_line is not None:
+        message["last_line"] = last_line[:LAST_LINE_CHARS]
+    try:
+        step, stamp = int(progress["step"]), float(progress["t"])  # type: ignore[index]
+    except (TypeError, KeyError, ValueError):
+        return message, sent_upto
+    message.update(step=step, progress_age=round(max(0.0, now - stamp), 3))
+    for field in ("max_steps", "samples_per_step"):
+        if _is_int(progress.get(field)):  # type: ignore[union-attr]
+            message[field] = progress[field]  # type: ignore[index]
+    fresh = [
+        [int(s), float(w)]
+        for s, w in progress.get("work", [])  # type: ignore[union-attr]
+        if _is_int(s) and _is_number(w) and s > sent_upto
+    ][-WORK_PER_BEAT:]
+    message["work"] = fresh
+    return message, max([sent_upto, *(s for s, _ in fresh)])
 
 
 def _check_exit(message: Mapping[str, Any]) -> str | None:

@@ -125,3 +125,19 @@ def choice(*choices: str) -> Callable[[str], str]:
 
     parse.choices = choices  # type: ignore[attr-defined]
     return parse
+
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def size(value: str) -> int:
+    """Bytes from `64M`, `2G`, `1.5G` or a plain number of bytes (binary units)."""
+    text = value.strip().upper().removesuffix("B").removesuffix("I")
+    unit = text[-1:] if text[-1:] in _UNITS and text[-1:] else ""
+    try:
+        number = float(text[: len(text) - len(unit)] if unit else text)
+    except ValueError:
+        raise ValueError("must be a size such as 64M, 2G or a number of bytes") from None
+    if not math.isfinite(number) or number < 0:
+        raise ValueError("must be a size of 0 or more")
+    return int(number * _UNITS[unit])

@@ -7,6 +7,7 @@ trust is never disabled globally. Every call is BatchMode (never prompts) with a
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import socket
 import subprocess
@@ -49,7 +50,16 @@ def check_private_key(path: Path) -> None:
 KEX_ALGORITHMS = "curve25519-sha256,curve25519-sha256@libssh.org,sntrup761x25519-sha512@openssh.com"
 
 
-def write_ssh_config(job_dir: Path, port: int, identity: Path | None, connect_timeout_s: int = 5) -> Path:
+def write_ssh_config(
+    job_dir: Path,
+    port: int,
+    identity: Path | None,
+    connect_timeout_s: int = 5,
+    control_dir: Path | None = None,
+) -> Path:
+    """The job's ssh client config. With `control_dir`, every session to a node rides on the one
+    connection `open_connections` made (probe, launch, clean-up: no new handshake each time); a
+    session finds no such connection and ssh simply connects on its own."""
     lines = [
         "Host *",
         f"  Port {port}",
@@ -67,6 +77,9 @@ def write_ssh_config(job_dir: Path, port: int, identity: Path | None, connect_ti
     ]
     if identity is not None:
         lines += [f"  IdentityFile {identity}", "  IdentitiesOnly yes"]
+    if control_dir is not None:
+        # %C: a hash of this host, the node, port and user (short enough for a socket path).
+        lines += ["  ControlMaster no", f"  ControlPath {control_dir}/%C"]
     path = job_dir / "ssh_config"
     path.write_text("\n".join(lines) + "\n")
     path.chmod(0o600)
@@ -186,3 +199,55 @@ def default_identity(ssh_dir: Path) -> Path | None:
         if candidate.is_file():
             return candidate
     return None
+
+
+def open_connections(hosts: Sequence[str], config: Path, timeout_s: float) -> list[str]:
+    """Open one background master connection per node (in parallel) for the sessions to share;
+    returns the hosts where that failed (their sessions then connect on their own). An idle one ends
+    by itself after 10 minutes, should the master die before closing it."""
+
+    def open_one(host: str) -> bool:
+        argv = [
+            "ssh",
+            "-F",
+            str(config),
+            "-o",
+            "ControlMaster=yes",
+            "-o",
+            "ControlPersist=yes",
+            "-N",
+            "-f",
+            host,
+        ]
+        try:
+            done = subprocess.run(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=timeout_s,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return False
+        return done.returncode == 0
+
+    if not hosts:
+        return []
+    with ThreadPoolExecutor(max_workers=min(64, len(hosts))) as pool:
+        opened = list(pool.map(open_one, hosts))
+    return [host for host, ok in zip(hosts, opened, strict=True) if not ok]
+
+
+def close_connections(hosts: Iterable[str], config: Path) -> None:
+    """End the shared connections (`ssh -O exit` talks to the local master process only: never waits
+    on an unreachable node)."""
+    for host in hosts:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(
+                ["ssh", "-F", str(config), "-O", "exit", host],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=5,
+                check=False,
+            )

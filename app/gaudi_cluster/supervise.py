@@ -25,6 +25,7 @@ from typing import TextIO
 from gaudi_cluster import procgroup
 from gaudi_cluster.control import ControlEvent, ControlServer
 from gaudi_cluster.errors import ClusterNotReady
+from gaudi_cluster.liveview import LiveView
 from gaudi_cluster.outcome import JobOutcome, JobState, RankFailure, signal_name
 from gaudi_cluster.plan import LaunchPlan
 
@@ -40,7 +41,11 @@ class SupervisorSettings:
     start_timeout_s: float = 120.0
     stuck_timeout_s: float = 600.0
     stop_grace_s: float = 8.0
-    failure_grace_s: float = 2.0
+    status_interval_s: float = 30.0  # how often the status line is printed when not on a terminal
+    # An abort (a rank failed, a node was lost) cannot checkpoint: every other rank waits in a
+    # collective on the dead one. Ranks are killed at once; this is how long the supervisor waits
+    # for the reachable agents to confirm before it kills the launcher too.
+    abort_wait_s: float = 1.0
 
 
 class Supervisor:
@@ -65,20 +70,21 @@ class Supervisor:
         self.clock = clock
         # Called once, when every rank has checked in (each agent has read its private file by then).
         self.on_all_started = on_all_started
+        self.lost_hosts: set[str] = set()  # host names of nodes whose agents went silent or away
         self.launcher: subprocess.Popen[bytes] | None = None
         self.launcher_tail: collections.deque[str] = collections.deque(maxlen=30)
         self._signals: queue.SimpleQueue[int] = queue.SimpleQueue()
-        self._out_lock = threading.Lock()
+        self.view = LiveView(out, settings.status_interval_s, clock)
+        self.state = "starting"
 
     # --- output ---------------------------------------------------------------------------------
 
     def _print(self, line: str) -> None:
-        with self._out_lock:
-            try:
-                self.out.write(line + "\n")
-                self.out.flush()
-            except (BrokenPipeError, OSError):
-                pass
+        self.view.write(line)
+
+    def snapshot(self) -> dict[str, object]:
+        """What `gaudi-cluster status` shows (called from the status socket's thread)."""
+        return self.view.snapshot(self.server.agents(), self.job_id, self.state)
 
     def _pump_launcher(self) -> None:
         assert self.launcher is not None and self.launcher.stdout is not None
@@ -110,11 +116,14 @@ class Supervisor:
             self.launcher = subprocess.Popen(
                 list(self.plan.argv),
                 env=env,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL if self.plan.stdin is None else subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+            if self.plan.stdin is not None and self.launcher.stdin is not None:
+                self.launcher.stdin.write(self.plan.stdin.encode())
+                self.launcher.stdin.close()
         except OSError as error:
             raise ClusterNotReady(
                 f"cannot start the {self.plan.launcher} launcher ({self.plan.argv[0]}: {error.strerror}); "
@@ -123,15 +132,22 @@ class Supervisor:
         pump = threading.Thread(target=self._pump_launcher, name="launcher-output", daemon=True)
         pump.start()
         outcome = self._watch(started)
+        self.state = outcome.state.value if outcome.state.value != "failed" else "aborting"
         self._teardown(outcome)
         pump.join(timeout=2)
+        self.view.close()
+        for straggler in self.view.watch.flagged.values():
+            self._print(f"gaudi-cluster: job {self.job_id}: {straggler.line()}")
+        self.state = outcome.state.value
         return outcome
 
     def _watch(self, started: float) -> JobOutcome:
         ranks_seen: dict[int, str] = {}
         finished: set[int] = set()
         launcher_exit_seen_at: float | None = None
+        self.state = "running"
         while True:
+            self.view.tick(self.server.agents())
             with contextlib.suppress(queue.Empty):
                 signum = self._signals.get_nowait()
                 self._print(
@@ -179,6 +195,7 @@ class Supervisor:
             what = f"was killed by {signal_name(int(signum))}" if signum else f"exited with code {code}"
             return RankFailure(event.host, event.rank, what, code, tail)
         reason = event.detail.get("reason", "lost")
+        self.lost_hosts.add(event.host)
         return RankFailure(event.host, event.rank, f"lost contact: {reason}", 1)
 
     def _launcher_failure(self, finished: int) -> RankFailure:
@@ -223,21 +240,24 @@ class Supervisor:
         return None
 
     def _teardown(self, outcome: JobOutcome) -> None:
+        """Succeeded: let the launcher finish. Stopped (a signal to the master): ranks get the stop
+        grace to checkpoint. Failed: abort, ranks are killed at once and the last complete
+        checkpoint is what a restart resumes from."""
         if outcome.state is JobState.SUCCEEDED:
             self._wait_launcher(30)
             return
         if outcome.failure is not None:
             self._print("gaudi-cluster: " + outcome.failure.summary(self.job_id))
-        graceful = outcome.state is JobState.STOPPED
-        grace = self.settings.stop_grace_s if graceful else self.settings.failure_grace_s
+        stopping = outcome.state is JobState.STOPPED
+        grace = self.settings.stop_grace_s if stopping else 0.0
         self.server.stop_all(grace)
-        deadline = self.clock() + grace + 3
+        deadline = self.clock() + (grace + 3 if stopping else self.settings.abort_wait_s)
         while self.clock() < deadline and any(not agent.exited for agent in self.server.agents()):
             with contextlib.suppress(queue.Empty):
-                event = self.server.events.get(timeout=0.2)
+                event = self.server.events.get(timeout=0.05)
                 if event.kind in ("exit", "lost"):
                     self.server.mark_exited(event.rank)
-        self._kill_launcher()
+        self._kill_launcher(grace_s=2.0 if stopping else 0.0)
 
     def _wait_launcher(self, timeout_s: float) -> None:
         assert self.launcher is not None
@@ -246,9 +266,9 @@ class Supervisor:
         except subprocess.TimeoutExpired:
             self._kill_launcher()
 
-    def _kill_launcher(self) -> None:
+    def _kill_launcher(self, grace_s: float = 2.0) -> None:
         launcher = self.launcher
         assert launcher is not None
-        procgroup.terminate(launcher.pid, 2.0, done=lambda: launcher.poll() is not None)
+        procgroup.terminate(launcher.pid, grace_s, done=lambda: launcher.poll() is not None)
         with contextlib.suppress(subprocess.TimeoutExpired):
             launcher.wait(timeout=2)

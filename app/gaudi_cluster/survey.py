@@ -14,8 +14,10 @@ import contextlib
 import json
 import logging
 import secrets
+import shutil
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -47,6 +49,14 @@ class NodeSurvey:
     reports: Mapping[str, Mapping[str, Any]]
     unreachable: Mapping[str, str]
     local: bool = False  # the only node is this one: no ssh anywhere
+    this_node: str | None = None  # the entry of `hosts` that is this machine, if it runs ranks
+    control_dir: Path | None = None  # the shared ssh connections' sockets (released by release())
+
+    def release(self) -> None:
+        """Close the shared ssh connections of this survey (idempotent)."""
+        if self.control_dir is not None and self.ssh_config is not None and self.control_dir.exists():
+            ssh.close_connections(self.hosts, self.ssh_config)
+            shutil.rmtree(self.control_dir, ignore_errors=True)
 
     @property
     def master_report(self) -> Mapping[str, Any]:
@@ -136,6 +146,7 @@ def survey_nodes(
     paths: Sequence[str],
     environ: Mapping[str, str],
     private: Mapping[str, Any] | None = None,
+    output_dir: str | None = None,
 ) -> NodeSurvey:
     """Discover, wait for and probe every node under the one --wait-timeout deadline; `private` (the
     job's secret, variables forwarded privately) is staged into the private file on every node."""
@@ -160,6 +171,7 @@ def survey_nodes(
     else:
         log.info("nodes: %s (found in %.1fs)", ", ".join(nodes.hosts), time.monotonic() - started)
     common = {
+        "this_node": next((host for host in nodes.hosts if host in self_names), None),
         "master_addr": nodes.master_addr,
         "local_addr": local_addr,
         "socket_ifname": socket_ifname,
@@ -188,7 +200,7 @@ def survey_nodes(
         job_dir = jobdir.create(config.job_root, job_id)
         if private is not None:
             jobdir.write_private(job_dir, private)
-        report = probe.probe(paths, config.accelerator, None, _check_efa(config, environ))
+        report = probe.probe(paths, config.accelerator, None, _check_efa(config, environ), output_dir)
         return NodeSurvey(
             job_id=job_id,
             job_dir=job_dir,
@@ -209,9 +221,11 @@ def survey_nodes(
     identity = ssh.default_identity(Path(config.ssh_dir))
     if identity is not None:
         ssh.check_private_key(identity)
-    ssh_config = ssh.write_ssh_config(job_dir, config.ssh_port, identity)
+    control_dir = Path(tempfile.mkdtemp(prefix="gc-ssh-"))  # short: socket paths are capped at ~100
+    ssh_config = ssh.write_ssh_config(job_dir, config.ssh_port, identity, control_dir=control_dir)
+    ssh.open_connections(nodes.hosts, ssh_config, max(5.0, deadline - time.monotonic()))
     reports, unreachable = probe_nodes(
-        config, nodes.hosts, paths, ssh_config, environ, deadline, job_id, private
+        config, nodes.hosts, paths, ssh_config, environ, deadline, job_id, private, output_dir
     )
     return NodeSurvey(
         job_id=job_id,
@@ -220,6 +234,7 @@ def survey_nodes(
         paths=tuple(paths),
         reports=reports,
         unreachable=unreachable,
+        control_dir=control_dir,
         **common,
     )
 
@@ -237,6 +252,7 @@ def probe_nodes(
     deadline: float,
     job_id: str,
     payload: Mapping[str, Any] | None,
+    output_dir: str | None = None,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """Run `gaudi-cluster probe` on every node at once: (reports by host, why-unreachable by host).
 
@@ -248,6 +264,8 @@ def probe_nodes(
         command += ["--stage", job_id, "--job-root", config.job_root]
     for path in paths:
         command += ["--path", path]
+    if output_dir:
+        command += ["--output-dir", output_dir]
     if _check_efa(config, environ):
         command.append("--check-efa")
     timeout = max(10.0, deadline - time.monotonic())

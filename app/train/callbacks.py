@@ -12,8 +12,9 @@ from typing import Any
 from transformers import TrainerCallback
 
 from train import checkpoints
-from train.events import emit, write_progress
+from train.events import emit, global_rank, write_progress
 from train.metrics import StepClock
+from train.steptiming import StepTimer, slow_down_if_asked
 
 log = logging.getLogger("train.callbacks")
 
@@ -79,6 +80,8 @@ class ClusterCallback(TrainerCallback):
         self.global_batch = global_batch
         self.progress_file = os.environ.get("GAUDI_CLUSTER_PROGRESS_FILE") or None
         self.collective_device = collective_device
+        self.timer = StepTimer()
+        self.rank = global_rank()
         self._first = True
         self._flag = None
         self._last_log_index = -1
@@ -93,15 +96,28 @@ class ClusterCallback(TrainerCallback):
         self.stop.install()
         self.clock.begin(state.global_step)
         self._last_log_index = -1
+        if self._dist():
+            self.timer.install()
+        self.timer.begin()
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        slow_down_if_asked(self.rank)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.clock.step(state.global_step)
         if self._first:
             self._first = False
             emit("first_step", step=state.global_step)
+        self.timer.step_done(state.global_step)
         if self.progress_file:
             try:
-                write_progress(self.progress_file, state.global_step)
+                write_progress(
+                    self.progress_file,
+                    state.global_step,
+                    max_steps=state.max_steps,
+                    samples_per_step=self.global_batch,
+                    work=list(self.timer.recent),
+                )
             except OSError as exc:
                 log.warning("cannot write progress file %s: %s", self.progress_file, exc)
                 self.progress_file = None

@@ -44,12 +44,13 @@ _T_START = time.time()
 import logging  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
+import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 if __package__ in (None, ""):  # run as a file: make the `train` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from train.events import emit  # noqa: E402
+from train.events import also_record_in, emit, global_rank  # noqa: E402
 
 emit("start", t=_T_START, pid=os.getpid())
 
@@ -79,10 +80,15 @@ def run(argv: list[str]) -> int:
     arguments.validate(args)
     arguments.apply_cluster_defaults(argv, args)
     model_args, data_args, training_args = args.model, args.data, args.training
+    also_record_in(training_args.output_dir)  # rank 0 only
 
     import transformers
 
-    transformers.utils.logging.set_verbosity_warning()
+    if global_rank() == 0:
+        transformers.utils.logging.set_verbosity_warning()
+    else:  # the same warning from every rank is noise: rank 0 says it once
+        transformers.utils.logging.set_verbosity_error()
+        warnings.filterwarnings("ignore")
     dist_ready, collective_device = device.process_group(training_args)
     device.refresh_deepspeed_config(training_args)
 

@@ -47,6 +47,8 @@ class LocalCluster:
     env: dict[str, str] = field(default_factory=dict)
     # Compose and production use --privileged; plain containers need no extra capability here.
     run_args: list[str] = field(default_factory=list)
+    # docker run arguments of one worker only, by its index (1-based), e.g. a small tmpfs for a full disk
+    worker_args: dict[int, list[str]] = field(default_factory=dict)
     started: list[str] = field(default_factory=list)
 
     @property
@@ -92,7 +94,7 @@ class LocalCluster:
 
     def start_workers(self, names: Sequence[str] | None = None) -> None:
         for index, name in enumerate(names or self.worker_names, start=1):
-            args = self._common_args(name, f"worker-{index}")
+            args = [*self._common_args(name, f"worker-{index}"), *self.worker_args.get(index, [])]
             docker("run", "-d", *args, "--network-alias", "worker", self.image, "worker")
             self.started.append(name)
 
@@ -210,6 +212,8 @@ def _summary(output: Path, nodes: int, ranks: int) -> str:
             f"  eval loss {evaluation.get('eval_loss', '?')}, "
             f"perplexity {evaluation.get('perplexity', '?')} (one node)",
             f"  results, plot (training_curves.png) and checkpoints in {output}",
+            f"  job report: {output / 'job_report.json'} and {output / 'job_report.png'} "
+            "(phases, throughput, per-rank step times, stragglers)",
         ]
     )
 
@@ -244,6 +248,9 @@ def demo(image: str, workers: int, output: Path, key_dir: Path) -> int:
                 "none",
                 "-v",
                 f"{output.resolve()}:{OUTPUT_MOUNT}",
+                # its events into a file, like the cluster's (the console shows results, not machinery)
+                "-e",
+                f"GAUDI_CLUSTER_EVENTS_FILE={OUTPUT_MOUNT}/eval-events.jsonl",
                 image,
                 "python",
                 "-u",

@@ -63,6 +63,17 @@ def test_default_job_trains_across_three_containers(make_cluster, tmp_path):
     assert list(output.glob("*.png")), sorted(p.name for p in output.iterdir())
     assert list(output.glob("checkpoint-*"))
 
+    # What the operator sees: progress lines, no machinery on the console, a report, no straggler.
+    assert "gaudi-cluster-event" not in log
+    assert re.search(r"gaudi-cluster: step \d+/40", log) or "waiting for the first step" in log
+    assert "straggler" not in log
+    events = [json.loads(line)["event"] for line in (output / "events.jsonl").read_text().splitlines()]
+    assert events[:2] == ["start", "imports_done"] and "first_step" in events and "train_done" in events
+    report = json.loads((output / "job_report.json").read_text())
+    assert report["state"] == "succeeded" and len(report["nodes"]) == 3 and report["stragglers"] == []
+    assert report["phases_s"]["container_start_to_first_step"] > 0
+    assert (output / "job_report.png").read_bytes()[:4] == b"\x89PNG"
+
 
 def _allreduce_results(shared, world: int) -> list[dict]:
     files = sorted(shared.glob("rank-*.json"))
@@ -179,3 +190,61 @@ def test_worker_without_keys_and_unknown_role_exit_clearly(image):
     )
     assert unknown.returncode == 2
     assert "leader" in unknown.stderr
+
+
+def test_direct_and_deepspeed_launchers_give_every_rank_the_same_world(make_cluster, tmp_path):
+    """The same user script under both launchers on the same cluster: DeepSpeed's launch.py and ours
+    must be indistinguishable to it (distributed environment, host placement, argv, cwd, results)."""
+    cluster = make_cluster(workers=2, slots=2)
+    cluster.start_workers()
+    cluster.wait_healthy(cluster.worker_names)
+    shared = tmp_path / "shared"
+    seen = {}
+    for launcher in ("deepspeed", "direct"):
+        for old in shared.glob("rank-*.json"):
+            old.unlink()
+        cluster.start_master(
+            ["/workspace/user/allreduce.py", "--note", "two words"],
+            extra_env={"GAUDI_CLUSTER_LAUNCHER": launcher},
+        )
+        code = cluster.wait_master(timeout_s=300)
+        assert code == 0, cluster.logs(cluster.master)[-4000:]
+        seen[launcher] = _allreduce_results(shared, world=6)
+        subprocess.run(["docker", "rm", "-f", cluster.master], check=True, capture_output=True)
+    assert seen["direct"] == seen["deepspeed"]
+    assert {r["env"]["LOCAL_SIZE"] for r in seen["direct"]} == {"2"}
+    assert [r["env"]["CROSS_RANK"] for r in seen["direct"]] == ["0", "0", "1", "1", "2", "2"]
+
+
+def test_a_slow_rank_is_named_with_its_host_and_device(make_cluster):
+    cluster = make_cluster(workers=2)
+    cluster.start_workers()
+    cluster.wait_healthy(cluster.worker_names)
+    slow = "GAUDI_CLUSTER_SLOW_RANK=2;GAUDI_CLUSTER_SLOW_MS=1500"
+    cluster.start_master(extra_env={"GAUDI_CLUSTER_ENV": slow, "GAUDI_CLUSTER_STATUS_INTERVAL": "5"})
+    assert cluster.wait_master(timeout_s=600) == 0, cluster.logs(cluster.master)[-4000:]
+    log = cluster.logs(cluster.master)
+    named = [line for line in log.splitlines() if "straggler: host" in line]
+    assert named and all("host worker-2 rank 2 (device 0)" in line for line in named), named
+    assert any(
+        line.startswith("gaudi-cluster: step ") and "slowest: rank 2" in line for line in log.splitlines()
+    )
+    report = json.loads((cluster.output_dir / "job_report.json").read_text())
+    assert [line.split(" takes")[0] for line in report["stragglers"]] == [
+        "straggler: host worker-2 rank 2 (device 0)"
+    ]
+
+
+def test_a_full_disk_on_one_worker_is_named_with_its_cause(make_cluster):
+    cluster = make_cluster(workers=2, worker_args={2: ["--tmpfs", "/workspace/output:size=4m"]})
+    cluster.start_workers()
+    cluster.wait_healthy(cluster.worker_names)
+    cluster.start_master()
+    assert cluster.wait_master(timeout_s=600) == 1, cluster.logs(cluster.master)[-4000:]
+    log = cluster.logs(cluster.master)
+    summary = [line for line in log.splitlines() if re.match(r"gaudi-cluster: job \S+ failed:", line)]
+    assert len(summary) == 1 and "host worker-2" in summary[0], summary
+    assert "No space left on device" in summary[0] and "fix:" in summary[0], summary[0]
+    # The preflight warned before launch (a warning: the job may write less than the threshold).
+    warned = [line for line in log.splitlines() if "disk" in line and "below --min-free-disk 64 MiB" in line]
+    assert len(warned) == 1, log[:3000]

@@ -51,8 +51,9 @@ def rank0_step(cluster) -> int:
 
 def wait_until_training(cluster, min_step: int = 1, timeout_s: float = 240) -> None:
     def training() -> bool:
-        log = cluster.logs(cluster.master)
-        return '"first_step"' in log and (min_step <= 1 or rank0_step(cluster) >= min_step)
+        # rank 0's events go to the job directory on its node (the master), not the console
+        done = cluster.exec(cluster.master, "sh", "-c", "cat /run/gaudi-cluster/jobs/*/events.jsonl")
+        return '"first_step"' in done.stdout and (min_step <= 1 or rank0_step(cluster) >= min_step)
 
     assert wait_for(training, timeout_s), cluster.logs(cluster.master)[-3000:]
 
@@ -64,6 +65,8 @@ def job_processes(cluster, name: str) -> list[str]:
         line
         for line in done.stdout.splitlines()
         if "gaudi_cluster.agent" in line
+        or "gaudi_cluster.node" in line
+        or "gaudi_cluster.fanout" in line
         or "run_clm" in line
         or "deepspeed.launcher" in line
         or "allreduce" in line
@@ -83,9 +86,13 @@ def started_cluster(make_cluster, workers: int = 2):
     return cluster
 
 
-def test_killed_worker_stops_the_job_everywhere_and_is_named(make_cluster):
+LAUNCHERS = pytest.mark.parametrize("launcher", ["direct", "deepspeed"])
+
+
+@LAUNCHERS
+def test_killed_worker_stops_the_job_everywhere_and_is_named(make_cluster, launcher):
     cluster = started_cluster(make_cluster)
-    cluster.start_master(long_job(2000))
+    cluster.start_master(long_job(2000), extra_env={"GAUDI_CLUSTER_LAUNCHER": launcher})
     wait_until_training(cluster)
     victim = cluster.worker(2)
     docker("kill", victim)
@@ -143,10 +150,12 @@ def _global_step(output) -> int:
     return json.loads(states[-1].read_text())["global_step"]
 
 
-def test_docker_stop_saves_then_a_restart_resumes_to_the_full_step_count(make_cluster):
+@LAUNCHERS
+def test_docker_stop_saves_then_a_restart_resumes_to_the_full_step_count(make_cluster, launcher):
     cluster = started_cluster(make_cluster)
     total = 30
-    cluster.start_master(long_job(total, save_steps=5))
+    chosen = {"GAUDI_CLUSTER_LAUNCHER": launcher}
+    cluster.start_master(long_job(total, save_steps=5), extra_env=chosen)
     wait_until_training(cluster, min_step=7)
     stopped = subprocess.run(["docker", "stop", "-t", "40", cluster.master], capture_output=True, check=False)
     assert stopped.returncode == 0
@@ -154,18 +163,20 @@ def test_docker_stop_saves_then_a_restart_resumes_to_the_full_step_count(make_cl
     saved = _global_step(cluster.output_dir)
     assert 5 <= saved < total
     docker("rm", "-f", cluster.master)
-    cluster.start_master(long_job(total, save_steps=5))
+    cluster.start_master(long_job(total, save_steps=5), extra_env=chosen)
     assert cluster.wait_master(timeout_s=600) == 0, cluster.logs(cluster.master)[-3000:]
     log = cluster.logs(cluster.master)
     assert re.search(rf"resum\w* .*checkpoint-{saved}\b", log, re.IGNORECASE), log[-3000:]
     assert _global_step(cluster.output_dir) == total
 
 
-def test_max_restarts_survives_one_injected_rank_failure(make_cluster):
+@LAUNCHERS
+def test_max_restarts_survives_one_injected_rank_failure(make_cluster, launcher):
     cluster = started_cluster(make_cluster)
     cluster.start_master(
         long_job(20, save_steps=4),
         extra_env={
+            "GAUDI_CLUSTER_LAUNCHER": launcher,
             "GAUDI_CLUSTER_MAX_RESTARTS": "1",
             "GAUDI_CLUSTER_ENV": "GAUDI_CLUSTER_FAULT_AT_STEP=9;GAUDI_CLUSTER_FAULT_RANK=1",
         },

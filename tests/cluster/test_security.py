@@ -48,7 +48,7 @@ def test_forged_messages_from_the_network_cannot_stop_the_job(make_cluster, tmp_
         report = json.loads(done.stdout.strip().splitlines()[-1])
         assert report["forged_exit_closed"] and report["huge_line_closed"], report
 
-    assert cluster.wait_master(timeout=240) == 0, cluster.logs(cluster.master)[-4000:]
+    assert cluster.wait_master(timeout_s=240) == 0, cluster.logs(cluster.master)[-4000:]
     log = cluster.logs(cluster.master)
     assert "succeeded: 3 ranks on 3 nodes" in log
     assert " failed: " not in log and "host intruder" not in log

@@ -33,7 +33,8 @@ def report(**over) -> dict:
 def findings_for(
     one: dict, *, requested: int | None = None, env: dict | None = None, ifname: str | None = "eth0"
 ) -> list[Finding]:
-    return check_nodes({"a": one}, {}, {"a": requested}, ifname, env or {}, ("/workspace", "/w/run.py"))
+    paths = ("/workspace", "/w/run.py")
+    return check_nodes({"a": one}, {}, {"a": requested}, ifname, env or {}, paths, min_free_disk=64 << 20)
 
 
 def by_check(findings: list[Finding], check: str) -> list[Finding]:
@@ -43,7 +44,7 @@ def by_check(findings: list[Finding], check: str) -> list[Finding]:
 def test_a_healthy_node_passes_every_check():
     found = findings_for(report(), env={"HCCL_OVER_OFI": "1"})
     assert not [f for f in found if not f.ok], found
-    assert {f.check for f in found} == {"ssh", "slots", "interface", "efa", "workload"}
+    assert {f.check for f in found} == {"ssh", "slots", "interface", "efa", "workload", "disk"}
 
 
 @pytest.mark.parametrize(
@@ -101,8 +102,15 @@ def test_low_disk_and_shm_warn_without_blocking(over, check):
     assert not blocking(findings_for(report(**over)))
 
 
+def test_low_disk_names_the_directory_and_the_threshold():
+    low = report(output_dir="/workspace/output", free_disk_bytes=8 << 20)
+    (finding,) = by_check(findings_for(low), "disk")
+    assert finding.detail == "/workspace/output: 8 MiB free, below --min-free-disk 64 MiB"
+    assert "--output_dir" in finding.fix and not finding.blocking
+
+
 def test_unreachable_nodes_block():
-    found = check_nodes({}, {"b": "nothing listens on port 3022"}, {}, None, {}, ())
+    found = check_nodes({}, {"b": "nothing listens on port 3022"}, {}, None, {}, (), min_free_disk=1)
     assert [(f.host, f.check, f.ok) for f in found] == [("b", "ssh", False)]
     assert blocking(found) == found
 
@@ -122,7 +130,7 @@ def test_unreachable_nodes_block():
 )
 def test_the_odd_node_out_is_named(key, value, label, detail):
     reports = {"a": report(), "b": report(), "c": report(**{key: value})}
-    found = check_nodes(reports, {}, {}, None, {}, ())
+    found = check_nodes(reports, {}, {}, None, {}, (), min_free_disk=1)
     odd = [f for f in found if f.check == label]
     assert [(f.host, f.ok) for f in odd] == [("c", False)]
     assert detail in odd[0].detail

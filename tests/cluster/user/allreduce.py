@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 DIST_VARS = (
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE",
-    "MASTER_ADDR", "MASTER_PORT",
+    "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES",
 )  # fmt: skip
 
 dist.init_process_group("gloo", timeout=timedelta(seconds=60))
@@ -34,6 +34,8 @@ with open(os.path.join(out_dir, f"rank-{rank}.json"), "w") as handle:
             "sum": value.item(),
             "argv": sys.argv[1:],
             "env": {name: os.environ.get(name) for name in DIST_VARS},
+            "cwd": os.getcwd(),
+            "pythonpath_head": os.environ.get("PYTHONPATH", "").split(":")[0],
             "present": {name: name in os.environ for name in echo},
         },
         handle,

@@ -1,0 +1,165 @@
+"""What the operator sees of a running job, computed from the agents' heartbeats. Pure.
+
+The live line: step / total, cluster samples/s, elapsed, ETA, the slowest rank. Stragglers: a rank
+whose own work per step (not the time it waits for others: see train.steptiming) stays above
+SLOW_RATIO x the median of the other ranks for SUSTAIN checks in a row is named once, with its host
+and local device index. The status table: one row per rank.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class AgentState(Protocol):
+    """What this module reads of the control server's per-rank state (control.AgentState)."""
+
+    host: str
+    rank: int
+    local_rank: int
+    step: int | None
+    max_steps: int | None
+    samples_per_step: int | None
+    last_seen: float
+    last_line: str
+    exited: bool
+    recent_work: tuple[tuple[int, float], ...]
+
+
+SLOW_RATIO = 1.3
+SUSTAIN = 5  # consecutive checks (one per second, each over the last WINDOW steps)
+WINDOW = 8
+RATE_WINDOW_S = 30.0
+
+
+def median_work(agent: AgentState) -> float | None:
+    recent = [seconds for _step, seconds in agent.recent_work[-WINDOW:]]
+    return statistics.median(recent) if len(recent) >= 3 else None
+
+
+@dataclass(frozen=True)
+class Straggler:
+    host: str
+    rank: int
+    local_rank: int
+    work_s: float
+    others_s: float
+
+    def line(self) -> str:
+        return (
+            f"straggler: host {self.host} rank {self.rank} (device {self.local_rank}) takes "
+            f"{self.work_s / self.others_s:.1f}x the other ranks' work per step "
+            f"({self.work_s:.2f}s against {self.others_s:.2f}s); every rank waits for it"
+        )
+
+
+@dataclass
+class StragglerWatch:
+    """Flags each slow rank once it has been slow for SUSTAIN checks in a row."""
+
+    streak: dict[int, int] = field(default_factory=dict)
+    flagged: dict[int, Straggler] = field(default_factory=dict)
+
+    def check(self, agents: Sequence[AgentState]) -> list[Straggler]:
+        works = {a.rank: w for a in agents if not a.exited and (w := median_work(a)) is not None}
+        new: list[Straggler] = []
+        for agent in agents:
+            mine = works.get(agent.rank)
+            others = [w for rank, w in works.items() if rank != agent.rank]
+            if mine is None or not others:
+                continue
+            typical = statistics.median(others)
+            slow = typical > 0 and mine > SLOW_RATIO * typical
+            self.streak[agent.rank] = self.streak.get(agent.rank, 0) + 1 if slow else 0
+            if self.streak[agent.rank] >= SUSTAIN and agent.rank not in self.flagged:
+                self.flagged[agent.rank] = Straggler(agent.host, agent.rank, agent.local_rank, mine, typical)
+                new.append(self.flagged[agent.rank])
+        return new
+
+
+@dataclass
+class RateMeter:
+    """Cluster steps per second from the steps the master saw over the last RATE_WINDOW_S."""
+
+    points: list[tuple[float, int]] = field(default_factory=list)
+
+    def add(self, now: float, step: int) -> None:
+        if not self.points or step != self.points[-1][1]:
+            self.points.append((now, step))
+        self.points = [p for p in self.points if now - p[0] <= RATE_WINDOW_S] or self.points[-1:]
+
+    def steps_per_second(self) -> float | None:
+        if len(self.points) < 2:
+            return None
+        (t0, s0), (t1, s1) = self.points[0], self.points[-1]
+        return (s1 - s0) / (t1 - t0) if t1 > t0 and s1 > s0 else None
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+def live_line(agents: Sequence[AgentState], elapsed: float, rate: RateMeter) -> str:
+    """`step 120/400 (30%) · 85.3 samples/s · elapsed 2:10 · ETA 4:40 · slowest: rank 2 on w2 0.41s`"""
+    steps = [a.step for a in agents if a.step is not None]
+    if not steps:
+        return f"waiting for the first step · {len(agents)} ranks checked in · elapsed {_duration(elapsed)}"
+    step = min(steps)
+    total = max((a.max_steps for a in agents if a.max_steps), default=None)
+    parts = [f"step {step}/{total} ({100 * step / total:.0f}%)" if total else f"step {step}"]
+    per_second = rate.steps_per_second()
+    samples = max((a.samples_per_step for a in agents if a.samples_per_step), default=None)
+    if per_second and samples:
+        parts.append(f"{per_second * samples:.1f} samples/s")
+    parts.append(f"elapsed {_duration(elapsed)}")
+    if per_second and total:
+        parts.append(f"ETA {_duration((total - step) / per_second)}")
+    timed = [(w, a) for a in agents if (w := median_work(a)) is not None]
+    if timed:
+        work, slowest = max(timed, key=lambda pair: pair[0])
+        parts.append(f"slowest: rank {slowest.rank} on {slowest.host} {work:.2f}s")
+    return " · ".join(parts)
+
+
+def status_rows(agents: Sequence[AgentState], now: float) -> list[dict[str, object]]:
+    """One row per rank for `gaudi-cluster status` (JSON-ready)."""
+    rows = []
+    for agent in sorted(agents, key=lambda a: a.rank):
+        work = median_work(agent)
+        rows.append(
+            {
+                "host": agent.host,
+                "rank": agent.rank,
+                "local_rank": agent.local_rank,
+                "state": "exited" if agent.exited else "running",
+                "step": agent.step,
+                "step_time_s": None if work is None else round(work, 4),
+                "heartbeat_age_s": round(now - agent.last_seen, 1),
+                "last_line": agent.last_line,
+            }
+        )
+    return rows
+
+
+def render_table(rows: Sequence[dict[str, object]]) -> str:
+    header = ("HOST", "RANK", "DEVICE", "STATE", "STEP", "STEP TIME", "HEARTBEAT", "LAST LINE")
+    cells = [header] + [
+        (
+            str(r["host"]),
+            str(r["rank"]),
+            str(r["local_rank"]),
+            str(r["state"]),
+            "-" if r["step"] is None else str(r["step"]),
+            "-" if r["step_time_s"] is None else f"{r['step_time_s']:.2f}s",
+            f"{r['heartbeat_age_s']}s ago",
+            str(r["last_line"])[:60],
+        )
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(widths[i]) for i, c in enumerate(row)).rstrip() for row in cells)

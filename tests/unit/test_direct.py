@@ -1,0 +1,76 @@
+"""The direct launcher's plan and the environment each node gives its ranks (pure parts)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from gaudi_cluster.errors import ConfigError
+from gaudi_cluster.fanout import node_command
+from gaudi_cluster.hostfile import HostEntry, Hostfile
+from gaudi_cluster.launchers import plan_for
+from gaudi_cluster.node import agent_command, rank_environments
+from gaudi_cluster.plan import AgentSettings, PlanInputs
+
+PY = "/opt/venv/bin/python"
+AGENT = AgentSettings("j1", "/run/gaudi-cluster/jobs", 10.0, "10.0.0.1:29400")
+
+
+def inputs(**over) -> PlanInputs:
+    base = dict(
+        hostfile=Hostfile((HostEntry("10.0.0.1", 2), HostEntry("10.0.0.2", 2))),
+        hostfile_path="/j/hostfile",
+        env={"HCCL_X": "1"},
+        env_path="/j/deepspeed_env",
+        ssh_config_path="/j/ssh_config",
+        ssh_port=3022,
+        master_addr="10.0.0.1",
+        master_port=29500,
+        program=(PY, "-u", "/w/train.py", "--lr", "1"),
+        python=PY,
+        agent=AGENT,
+        this_node="10.0.0.1",
+        cwd="/w",
+    )
+    base.update(over)
+    return PlanInputs(**base)
+
+
+def test_the_plan_is_one_fanout_with_a_spec_per_node():
+    plan = plan_for("direct", inputs())
+    assert plan.argv == (PY, "-u", "-m", "gaudi_cluster.fanout")
+    launch = json.loads(plan.stdin)
+    assert [(n["host"], n["here"]) for n in launch["nodes"]] == [("10.0.0.1", True), ("10.0.0.2", False)]
+    second = launch["nodes"][1]["spec"]
+    assert (second["node_rank"], second["nnodes"], second["first_rank"], second["slots"]) == (1, 2, 2, [0, 1])
+    assert second["agent_args"][-6:] == ["--", PY, "-u", "/w/train.py", "--lr", "1"]
+    assert node_command(launch["nodes"][0], launch) == [PY, "-u", "-m", "gaudi_cluster.node"]
+    assert node_command(launch["nodes"][1], launch) == [
+        "ssh", "-T", "-F", "/j/ssh_config", "10.0.0.2", f"{PY} -u -m gaudi_cluster.node",
+    ]  # fmt: skip
+
+
+def test_deepspeed_runner_flags_need_deepspeed():
+    with pytest.raises(ConfigError, match="--launcher deepspeed"):
+        plan_for("direct", inputs(runner_args=("--include", "a")))
+
+
+def test_each_rank_gets_what_deepspeeds_launch_py_sets():
+    spec = json.loads(plan_for("direct", inputs()).stdin)["nodes"][1]["spec"]
+    envs = rank_environments(spec, {"PATH": "/bin", "PYTHONPATH": "/opt/app"})
+    assert [{k: e[k] for k in ("RANK", "LOCAL_RANK")} for e in envs] == [
+        {"RANK": "2", "LOCAL_RANK": "0"},
+        {"RANK": "3", "LOCAL_RANK": "1"},
+    ]
+    for env in envs:
+        assert env["WORLD_SIZE"] == "4" and env["LOCAL_SIZE"] == "2"
+        assert (env["CROSS_RANK"], env["CROSS_SIZE"]) == ("1", "2")
+        assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("10.0.0.1", "29500")
+        assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
+        assert env["PYTHONPATH"] == "/w:/opt/app" and env["HCCL_X"] == "1" and env["PATH"] == "/bin"
+    assert agent_command(spec)[:4] == [PY, "-u", "-m", "gaudi_cluster.agent"]
+
+
+def test_a_local_job_starts_every_node_here():
+    launch = json.loads(plan_for("direct", inputs(local=True, this_node=None, ssh_config_path=None)).stdin)
+    assert all(node["here"] for node in launch["nodes"])

@@ -1,0 +1,164 @@
+"""What the operator sees: the live line, stragglers, `gaudi-cluster status`, the final report."""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+from dataclasses import dataclass, field
+
+import pytest
+from gaudi_cluster import protocol, report, status
+from gaudi_cluster.errors import ClusterNotReady, ConfigError
+from gaudi_cluster.jobview import RateMeter, StragglerWatch, live_line, render_table, status_rows
+from gaudi_cluster.liveview import LiveView
+
+
+@dataclass
+class Agent:
+    host: str
+    rank: int
+    local_rank: int = 0
+    step: int | None = None
+    max_steps: int | None = 100
+    samples_per_step: int | None = 12
+    last_seen: float = 0.0
+    last_line: str = ""
+    exited: bool = False
+    recent_work: tuple[tuple[int, float], ...] = field(default_factory=tuple)
+
+
+def agents(slow_rank: int | None, steps: int = 10, slow: float = 0.8) -> list[Agent]:
+    out = []
+    for rank in range(4):
+        seconds = slow if rank == slow_rank else 0.4 + 0.01 * rank
+        out.append(
+            Agent(
+                f"w{rank // 2}", rank, rank % 2, steps, recent_work=tuple((s, seconds) for s in range(steps))
+            )
+        )
+    return out
+
+
+def test_the_slow_rank_is_named_once_after_it_stayed_slow():
+    watch = StragglerWatch()
+    flagged = [watch.check(agents(slow_rank=3)) for _ in range(6)]
+    assert [len(new) for new in flagged] == [0, 0, 0, 0, 1, 0]
+    (straggler,) = flagged[4]
+    assert (straggler.host, straggler.rank, straggler.local_rank) == ("w1", 3, 1)
+    assert straggler.line().startswith("straggler: host w1 rank 3 (device 1) takes 2.0x")
+
+
+def test_no_rank_is_named_when_none_is_slow_or_slowness_does_not_last():
+    watch = StragglerWatch()
+    for _ in range(10):
+        assert watch.check(agents(slow_rank=None)) == []
+    for i in range(10):  # slow every other check: never SUSTAIN in a row
+        assert watch.check(agents(slow_rank=2 if i % 2 else None)) == []
+
+
+def test_the_live_line_has_progress_rate_eta_and_the_slowest_rank():
+    rate = RateMeter()
+    rate.add(0.0, 10)
+    rate.add(10.0, 30)  # 2 steps/s
+    line = live_line(agents(slow_rank=2, steps=30), 75.0, rate)
+    assert (
+        line == "step 30/100 (30%) · 24.0 samples/s · elapsed 1:15 · ETA 0:35 · slowest: rank 2 on w1 0.80s"
+    )
+    assert live_line([], 3.0, RateMeter()).startswith("waiting for the first step")
+
+
+def test_on_a_terminal_the_line_is_redrawn_in_place_and_rank_lines_stay_above_it():
+    out, now = io.StringIO(), [0.0]
+    view = LiveView(out, 30.0, lambda: now[0], tty=True)
+    now[0] = 2.0
+    view.tick(agents(slow_rank=None))
+    view.write("[w0 rank 0] loss 3.2")
+    text = out.getvalue()
+    assert text.startswith("\r\x1b[Kgaudi-cluster: step 10/100")
+    assert "\r\x1b[K[w0 rank 0] loss 3.2\ngaudi-cluster: step 10/100" in text
+
+
+def test_off_a_terminal_the_line_is_printed_every_interval():
+    out, now = io.StringIO(), [0.0]
+    view = LiveView(out, 30.0, lambda: now[0], tty=False)
+    for second in range(1, 62):
+        now[0] = float(second)
+        view.tick(agents(slow_rank=None))
+    assert out.getvalue().count("gaudi-cluster: step") == 2
+    assert "\r" not in out.getvalue()
+
+
+def test_status_rows_and_table():
+    rows = status_rows(agents(slow_rank=1), now=3.0)
+    assert rows[1]["step_time_s"] == 0.8 and rows[1]["heartbeat_age_s"] == 3.0
+    table = render_table(rows).splitlines()
+    assert table[0].split()[:4] == ["HOST", "RANK", "DEVICE", "STATE"] and len(table) == 5
+
+
+def test_status_command_reads_the_running_masters_socket(tmp_path):
+    job_dir = tmp_path / "jobs" / "j1"
+    job_dir.mkdir(parents=True)
+    server = status.StatusServer(
+        job_dir, lambda: {"job": "j1", "state": "running", "line": "step 3", "ranks": []}
+    )
+    server.start()
+    try:
+        assert (job_dir / "status.sock").stat().st_mode & 0o077 == 0
+        out = io.StringIO()
+        assert status.main(tmp_path / "jobs", None, as_json=True, out=out) == 0
+        assert json.loads(out.getvalue())["line"] == "step 3"
+    finally:
+        server.close()
+
+
+def test_status_errors_are_one_line(tmp_path):
+    (tmp_path / "jobs" / "old").mkdir(parents=True)
+    with pytest.raises(ConfigError, match=r"no job nope under .*; fix: name one of old"):
+        status.find_socket(tmp_path / "jobs", "nope")
+    with pytest.raises(ClusterNotReady, match="no running job under"):
+        status.find_socket(tmp_path / "jobs", None)
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(tmp_path / "jobs" / "old" / "status.sock"))
+    stale.close()  # the socket file stays, nobody listens
+    with pytest.raises(ClusterNotReady, match="left from a master that is gone"):
+        status.main(tmp_path / "jobs", "old", as_json=False)
+
+
+def test_the_report_holds_phases_names_and_stragglers(tmp_path):
+    built = report.build(
+        job_id="j1",
+        state="succeeded",
+        exit_code=0,
+        reports={"10.0.0.1": {"hostname": "m", "versions": {"torch": "2"}, "build_id": "b"}},
+        ranks_by_host={"10.0.0.1": 2},
+        rank_hosts={0: "m", 1: "m"},
+        preset_names=["DS_ACCELERATOR"],
+        private_names=["HF_TOKEN"],
+        points={"container_start": 100.0, "master_start": 101.5, "launch": 102.0, "start": 102.5,
+                "imports_done": 110.0, "model_ready": 111.0, "first_step": 113.0},
+        events=[{"event": "train_done", "train_samples_per_second": 42.0, "step": 40}],
+        stragglers=["straggler: host m rank 1"],
+        failure=None,
+    )  # fmt: skip
+    assert built["phases_s"]["container_start_to_first_step"] == 13.0
+    assert built["phases_s"]["imports"] == 7.5
+    assert built["private_env_names"] == ["HF_TOKEN"] and "hf_" not in json.dumps(built)
+    assert built["throughput"]["train_samples_per_second"] == 42.0
+    written = report.write(built, {0: [(1, 0.4), (2, 0.41)], 1: [(1, 0.9), (2, 0.95)]}, {1}, tmp_path)
+    assert [p.name for p in written] == ["job_report.json", "job_report.png"]
+    assert (tmp_path / "job_report.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_beat_carries_each_step_once_and_stays_under_1_kb():
+    progress = {"step": 20, "t": 99.5, "max_steps": 40, "samples_per_step": 12,
+                "work": [[s, 0.123456] for s in range(13, 21)]}  # fmt: skip
+    first, sent = protocol.beat(progress, 15, 0.0, 100.0, "x" * 500)
+    assert [s for s, _ in first["work"]] == [16, 17, 18, 19, 20] and sent == 20
+    again, _ = protocol.beat(progress, sent, 0.0, 101.0, None)
+    assert again["work"] == [] and again["progress_age"] == 1.5
+    assert protocol.problem(first) is None
+    worst, _ = protocol.beat(
+        {**progress, "work": [[10**6 + s, 12345.678] for s in range(16)]}, -1, 0, 0, "y" * 200
+    )
+    assert len(json.dumps(worst)) < 1024
