@@ -12,11 +12,13 @@ import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TextIO
 
-from gaudi_cluster import plan, ssh
+from gaudi_cluster import engine, plan, slurm, ssh
 from gaudi_cluster.config import ClusterConfig
 from gaudi_cluster.control import ControlServer
+from gaudi_cluster.errors import GaudiClusterError
 from gaudi_cluster.hostfile import render_hostfile
 from gaudi_cluster.outcome import JobOutcome, should_restart
 from gaudi_cluster.prepare import PreparedJob, prepare, print_dry_run, stable_hostfile_path
@@ -30,25 +32,72 @@ def run_master(
     config: ClusterConfig, job_argv: Sequence[str], environ: Mapping[str, str], out: TextIO
 ) -> int:
     """Prepare and run the job, re-running it up to --max-restarts times after a failure."""
+    config = engine.engine_defaults(config, environ)
     log.info("%s", config.describe())
     program = program_from_args(
         job_argv, sys.executable, resolve_accelerator(config.accelerator, environ), environ
     )
     attempt = 1
-    while True:
-        job = prepare(config, program, environ)
-        if config.dry_run:
-            print_dry_run(job, out)
-            return 0
-        outcome = run_prepared(job, config, out)
-        if not should_restart(outcome, attempt, config.max_restarts):
-            return outcome.exit_code
-        out.write(
-            f"gaudi-cluster: restarting the job from its latest checkpoint "
-            f"(restart {attempt} of {config.max_restarts})\n"
-        )
-        out.flush()
-        attempt += 1
+    job: PreparedJob | None = None
+    exit_code: int | None = None
+    try:
+        while True:
+            job = prepare(config, program, environ)
+            if config.dry_run:
+                print_dry_run(job, out)
+                exit_code = 0
+                return exit_code
+            outcome = run_prepared(job, config, out)
+            if not should_restart(outcome, attempt, config.max_restarts):
+                exit_code = outcome.exit_code
+                return exit_code
+            out.write(
+                f"gaudi-cluster: restarting the job from its latest checkpoint "
+                f"(restart {attempt} of {config.max_restarts})\n"
+            )
+            out.flush()
+            attempt += 1
+    finally:
+        release_workers(config, environ, job, exit_code)
+
+
+def release_workers(
+    config: ClusterConfig, environ: Mapping[str, str], job: PreparedJob | None, exit_code: int | None
+) -> None:
+    """In a Slurm step, tell the other nodes the job is over so their tasks end (engine.MasterWatch).
+
+    Whatever the outcome, even before any node was probed; a node that cannot be reached (a dead
+    one) is skipped: its task ends with its node. Elsewhere (docker run, Kubernetes) nothing happens.
+    """
+    key = slurm.run_key(environ)
+    if key is None or not slurm.in_slurm_step(environ):
+        return
+    try:
+        hosts = slurm.step_hosts(environ)
+        if slurm.node_id(environ) == 0:
+            hosts = hosts[1:]
+        if not hosts:
+            return
+        ssh_config = job.ssh_config if job is not None else None
+        if ssh_config is None:
+            directory = Path(config.job_root) / f"release-{key}"
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            ssh_config = ssh.write_ssh_config(
+                directory, config.ssh_port, ssh.default_identity(Path(config.ssh_dir))
+            )
+        command = [sys.executable, "-m", "gaudi_cluster.nodewatch", "release", "--key", key]
+        if exit_code is not None:
+            command += ["--exit-code", str(exit_code)]
+        results = ssh.run_on_hosts(hosts, command, ssh_config, timeout_s=10, connect_timeout_s=3)
+    except (GaudiClusterError, OSError) as error:
+        log.warning("could not release the Slurm step's workers: %s", error)
+        return
+    # Stopped by a signal, the whole step is ending and a worker whose sshd got it too has gone
+    # without needing the release: that is no news.
+    report = log.info if exit_code is not None and exit_code >= 128 else log.warning
+    for host, result in results.items():
+        if not result.ok:
+            report("could not release %s: %s", host, ssh.explain_ssh_failure(result, config.ssh_port))
 
 
 def run_prepared(job: PreparedJob, config: ClusterConfig, out: TextIO) -> JobOutcome:
