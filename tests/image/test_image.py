@@ -404,10 +404,24 @@ def test_bad_port_refused(image, cluster_keys, port):
     assert f"GAUDI_CLUSTER_SSH_PORT='{port}' is not a TCP port" in out.stderr
 
 
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({}, "role auto needs an engine"),
+        ({"K_MPI_JOB_ROLE": "boss"}, "K_MPI_JOB_ROLE='boss' is neither launcher nor worker"),
+        ({"SLURM_STEP_NODELIST": "node[1-2]-ib", "SLURM_NODEID": "0"}, "SLURM_STEP_NODELIST='node[1-2]-ib'"),
+    ],
+)
+def test_auto_role_without_a_clear_engine_exits_2(image, cluster_keys, env, message):
+    out = run_once(image, "auto", env=env, mounts=[f"{cluster_keys}:{SSH_DIR}:ro"])
+    assert out.returncode == 2, out.stderr
+    assert message in out.stderr and "fix:" in out.stderr
+
+
 def test_entrypoint_is_sourceable(image):
     script = (
         "source /opt/gaudi-cluster/entrypoint/entrypoint.sh"
-        " && ep_is_role master && ep_is_role worker && ! ep_is_role boss"
+        " && ep_is_role master && ep_is_role worker && ep_is_role auto && ! ep_is_role boss"
         ' && [ "$(GAUDI_CLUSTER_SSH_PORT=022 ep_ssh_port)" = 22 ] && echo sourced'
     )
     out = run_once(image, "bash", "-c", script)
