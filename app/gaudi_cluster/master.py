@@ -88,7 +88,7 @@ def release_workers(
         command = [sys.executable, "-m", "gaudi_cluster.nodewatch", "release", "--key", key]
         if exit_code is not None:
             command += ["--exit-code", str(exit_code)]
-        results = ssh.run_on_hosts(hosts, command, ssh_config, timeout_s=10, connect_timeout_s=3)
+        results = ssh.run_on_hosts(hosts, command, ssh_config, timeout_s=8, connect_timeout_s=2)
     except (GaudiClusterError, OSError) as error:
         log.warning("could not release the Slurm step's workers: %s", error)
         return
