@@ -40,6 +40,7 @@ def run_master(
     attempt = 1
     job: PreparedJob | None = None
     exit_code: int | None = None
+    lost: set[str] = set()
     try:
         while True:
             job = prepare(config, program, environ)
@@ -48,6 +49,8 @@ def run_master(
                 exit_code = 0
                 return exit_code
             outcome = run_prepared(job, config, out)
+            if outcome.failure is not None and outcome.failure.what.startswith("lost contact"):
+                lost.add(outcome.failure.host)
             if not should_restart(outcome, attempt, config.max_restarts):
                 exit_code = outcome.exit_code
                 return exit_code
@@ -58,16 +61,22 @@ def run_master(
             out.flush()
             attempt += 1
     finally:
-        release_workers(config, environ, job, exit_code)
+        release_workers(config, environ, job, exit_code, skip=lost)
 
 
 def release_workers(
-    config: ClusterConfig, environ: Mapping[str, str], job: PreparedJob | None, exit_code: int | None
+    config: ClusterConfig,
+    environ: Mapping[str, str],
+    job: PreparedJob | None,
+    exit_code: int | None,
+    skip: set[str] | frozenset[str] = frozenset(),
 ) -> None:
     """In a Slurm step, tell the other nodes the job is over so their tasks end (engine.MasterWatch).
 
-    Whatever the outcome, even before any node was probed; a node that cannot be reached (a dead
-    one) is skipped: its task ends with its node. Elsewhere (docker run, Kubernetes) nothing happens.
+    Whatever the outcome, even before any node was probed. Nodes in `skip` (the master lost contact
+    with them: dead, or cut off) are not tried: their task ends with their node or once they find the
+    master gone, and waiting on their ssh (a name that no longer resolves can take the whole timeout)
+    would only hold the master's exit. Elsewhere (docker run, Kubernetes) nothing happens.
     """
     key = slurm.run_key(environ)
     if key is None or not slurm.in_slurm_step(environ):
@@ -76,6 +85,7 @@ def release_workers(
         hosts = slurm.step_hosts(environ)
         if slurm.node_id(environ) == 0:
             hosts = hosts[1:]
+        hosts = [host for host in hosts if host not in skip]
         if not hosts:
             return
         ssh_config = job.ssh_config if job is not None else None

@@ -195,3 +195,28 @@ def test_sbatch_refuses_an_unknown_mode_and_a_missing_key():
     done = dry_run(SBATCH, DRY_RUN="0", GAUDI_CLUSTER_KEYS="/nonexistent")
     assert done.returncode == 2
     assert "no cluster key in /nonexistent" in done.stderr
+
+
+# --- the master's release of a Slurm step's workers ---------------------------------------------------
+
+
+def test_master_releases_the_other_nodes_of_the_step_but_not_lost_ones(tmp_path, monkeypatch):
+    from gaudi_cluster import master
+
+    calls = []
+
+    def fake_run_on_hosts(hosts, command, config, timeout_s, connect_timeout_s=None):
+        calls.append((list(hosts), command, config.read_text()))
+        return {host: ssh.SshResult(host, 0, "", "") for host in hosts}
+
+    monkeypatch.setattr(ssh, "run_on_hosts", fake_run_on_hosts)
+    config = resolve_config({}, {"GAUDI_CLUSTER_JOB_ROOT": str(tmp_path / "jobs")})
+    env = {**SLURM_STEP, "SLURM_NODEID": "0"}
+    master.release_workers(config, env, None, 1, skip={"gaudi03"})
+    ((hosts, command, ssh_config),) = calls
+    assert hosts == ["gaudi02"]
+    assert command[-6:] == ["gaudi_cluster.nodewatch", "release", "--key", "77.0", "--exit-code", "1"]
+    assert "BatchMode yes" in ssh_config
+    calls.clear()
+    master.release_workers(config, {"GAUDI_CLUSTER_PEERS": "a,b"}, None, 0)
+    assert calls == []
