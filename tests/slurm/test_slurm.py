@@ -156,7 +156,9 @@ def test_scancel_checkpoints_on_every_node_and_leaves_nothing(slurm):
     }
     # Every node saved the same step, and marked it complete.
     steps = {node: complete_checkpoints(slurm, node, "stopped") for node in NODES}
-    assert all(steps[node] for node in NODES), (steps, log[-4000:])
+    if not all(steps[node] for node in NODES):
+        print(f"\n{log}\n{slurm.rank_logs()}")
+    assert all(steps[node] for node in NODES), steps
     assert len({tuple(found) for found in steps.values()}) == 1, steps
 
 

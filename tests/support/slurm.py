@@ -151,6 +151,14 @@ class SlurmCluster:
                 ours.append(line)
         return ours
 
+    def rank_logs(self, lines: int = 15) -> str:
+        """The last lines of every rank log of the newest job on each node (for failure messages)."""
+        script = (
+            "d=$(ls -td /run/gaudi-cluster/jobs/*/ 2>/dev/null | head -1); "
+            'for f in "$d"rank*.log; do [ -e "$f" ] && echo "== $f" && tail -n ' + str(lines) + ' "$f"; done'
+        )
+        return "\n".join(f"--- {node}\n{self.exec(node, 'bash', '-c', script).stdout}" for node in NODES)
+
     def kill(self, node: str) -> None:
         docker("kill", self.container(node))
 
