@@ -163,7 +163,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         key = slurm.run_key(os.environ)
         if not sshd_argv or key is None:
             parser.error("follow needs SSHD_ARGV after -- and a Slurm step (SLURM_JOB_ID)")
-        return follow(args.master, sshd_argv, config, key)
+        code = follow(args.master, sshd_argv, config, key)
+        # Exit without interpreter shutdown: it restores SIGTERM's default action, and srun's
+        # --kill-on-bad-exit (after the master's non-zero exit) may SIGTERM this task just then; a
+        # task killed by a signal would replace the master's exit code as the job's.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     except GaudiClusterError as error:
         print(f"gaudi-cluster: error: {error}", file=sys.stderr)
         return error.exit_code
