@@ -14,8 +14,8 @@ BASE_IMAGE_CPU ?= gaudi-cluster/debian:bookworm
 NODES ?= 3
 export GAUDI_CLUSTER_IMAGE ?= $(IMAGE_CPU)
 
-.PHONY: help venv lint test test-unit test-train test-image test-cluster test-aws image image-cpu base-image \
-        wheelhouse keys demo up down logs bench clean
+.PHONY: help venv lint test test-unit test-train test-image test-cluster test-aws test-slurm test-k8s image \
+        image-cpu base-image wheelhouse keys demo up down logs bench clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-14s %s\n", $$1, $$2}'
@@ -31,8 +31,9 @@ venv: $(VENV)/.installed ## create .venv with the pinned tools and the package (
 lint: venv ## ruff, shellcheck, hadolint
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/shellcheck -x entrypoint/*.sh scripts/*.sh image/*.sh .ci/run bench/*.sh
-	$(VENV)/bin/hadolint Dockerfile
+	$(VENV)/bin/shellcheck -x entrypoint/*.sh scripts/*.sh image/*.sh .ci/run bench/*.sh \
+	  slurm/gaudi-cluster.sbatch tests/slurm/start-slurm.sh
+	$(VENV)/bin/hadolint Dockerfile tests/slurm/Dockerfile
 
 test-unit: venv ## pure unit tests (no Docker, no training)
 	$(PY) -m pytest -q tests/unit
@@ -48,6 +49,12 @@ test-cluster: venv image-cpu ## real multi-container clusters that train
 
 test-aws: venv ## gaudi-cluster aws against moto (EC2/SSM emulator) and botocore's Stubber
 	$(PY) -m pytest -q tests/aws
+
+test-slurm: venv image-cpu ## a real Slurm 22.05 cluster in containers runs slurm/gaudi-cluster.sbatch
+	$(PY) -m pytest -q -s --durations=0 tests/slurm
+
+test-k8s: venv image-cpu ## k8s/ rendered and schema-checked offline, and its runtime contract with Docker
+	$(PY) -m pytest -q tests/k8s
 
 test: venv ## all tests (builds the cpu image; needs a Docker engine)
 	$(MAKE) image-cpu

@@ -3,31 +3,44 @@
 #
 #   entrypoint.sh                   role from GAUDI_CLUSTER_ROLE (default: worker)
 #   entrypoint.sh worker            host keys, authorized_keys, then sshd in the foreground
-#   entrypoint.sh master [JOB...]   same + the client key, sshd in the background, then
-#                                   `gaudi-cluster master JOB...` (the control plane)
+#   entrypoint.sh master [JOB...]   same + the client key, sshd in the background (it ends with the
+#                                   master), then `gaudi-cluster master JOB...` (the control plane)
+#   entrypoint.sh auto [JOB...]     the role an engine gives this node: the MPI Operator's launcher
+#                                   (K_MPI_JOB_ROLE), index 0 of an Indexed Job (JOB_COMPLETION_INDEX)
+#                                   or node 0 of a Slurm step (SLURM_NODEID) is the master, any other
+#                                   node a worker (which ignores JOB); a Slurm worker ends once its
+#                                   master releases it or is gone (python -m gaudi_cluster.nodewatch)
 #   entrypoint.sh --flag ...        `gaudi-cluster --flag ...` (e.g. --help)
 #   entrypoint.sh CMD [ARGS...]     CMD passes through (docker run IMAGE bash -c 'echo ok')
 #
-# Reads: GAUDI_CLUSTER_ROLE (master | worker), GAUDI_CLUSTER_SSH_PORT (default 3022),
-#        GAUDI_CLUSTER_SSH_DIR (default /run/secrets/gaudi-cluster: id_ed25519.pub, and id_ed25519
-#        on the master, optional on workers).
+# Reads: GAUDI_CLUSTER_ROLE (master | worker | auto), GAUDI_CLUSTER_SSH_PORT (default 3022),
+#        GAUDI_CLUSTER_SSH_DIR (default /run/secrets/gaudi-cluster), holding one of two key layouts:
+#          ours (make keys): id_ed25519.pub, and id_ed25519 (owner-only) on the master, optional on
+#          workers;
+#          the Kubeflow MPI Operator's Secret: id_rsa (an ECDSA P-521 key in PEM form, whatever its
+#          name says), id_rsa.pub and authorized_keys, mode 0644 when mounted away from /root/.ssh.
+#        Either way the keys are installed as owner-only copies in /root/.ssh.
 # Bad input (unknown role, missing or unsafe key, bad port): one line naming the culprit and the fix
 # on stderr, exit 2, nothing started. Every branch ends in exec.
 # Sourceable: `source entrypoint.sh` defines the functions and runs nothing.
 set -Eeuo pipefail
 
-readonly EP_ROLES="master worker"
+readonly EP_ROLES="master worker auto"
 readonly EP_DEFAULT_PORT=3022
 readonly EP_DEFAULT_SSH_DIR=/run/secrets/gaudi-cluster
 readonly EP_KEY_NAME=id_ed25519
+# The MPI Operator names its key id_rsa whatever its type (an ECDSA P-521 key).
+readonly EP_OPERATOR_KEY_NAME=id_rsa
 EP_ROOT_SSH="${EP_ROOT_SSH:-/root/.ssh}"
 EP_ETC_SSH="${EP_ETC_SSH:-/etc/ssh}"
 readonly EP_SSHD_LOG=/var/log/gaudi-cluster/sshd.log
 # Image environment handed to ssh sessions (sshd SetEnv), so that commands run over ssh see the same
-# interpreter, libraries and prebuilt extensions as the container itself.
+# interpreter, libraries and prebuilt extensions as the container itself, and the probe the master
+# runs over ssh sees the devices an engine gave this node (HABANA_VISIBLE_DEVICES, SLURM_GPUS_ON_NODE).
 readonly EP_SESSION_ENV="PATH LD_LIBRARY_PATH LD_PRELOAD PYTHONPATH TORCH_EXTENSIONS_DIR DS_ACCELERATOR
 MPI_ROOT OPAL_PREFIX GC_KERNEL_PATH HABANA_LOGS HABANA_SCAL_BIN_PATH HABANA_PLUGINS_LIB_PATH
-RDMAV_FORK_SAFE FI_EFA_USE_DEVICE_RDMA RDMA_CORE_ROOT RDMA_CORE_LIB TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD"
+RDMAV_FORK_SAFE FI_EFA_USE_DEVICE_RDMA RDMA_CORE_ROOT RDMA_CORE_LIB TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD
+HABANA_VISIBLE_DEVICES SLURM_GPUS_ON_NODE"
 
 # --- logging -------------------------------------------------------------------------------------
 
@@ -96,17 +109,36 @@ ep_check_private_key() {
 		|| ep_die "$file does not match $pub; fix: mount one key pair made by 'make keys'"
 }
 
-# ep_validate_keys ROLE: check the mounted secret up front; the master needs the private key.
-ep_validate_keys() {
-	local role="$1" dir pub key
+# ep_key_name: the key's file name in the key directory: ours (id_ed25519), else the MPI Operator's
+# (id_rsa) when only that one is there.
+ep_key_name() {
+	local dir
 	dir="$(ep_ssh_dir)"
-	pub="$dir/$EP_KEY_NAME.pub"
-	key="$dir/$EP_KEY_NAME"
+	if [[ ! -e "$dir/$EP_KEY_NAME.pub" && -e "$dir/$EP_OPERATOR_KEY_NAME.pub" ]]; then
+		printf '%s' "$EP_OPERATOR_KEY_NAME"
+	else
+		printf '%s' "$EP_KEY_NAME"
+	fi
+}
+
+# ep_keys_in_place: true when the key directory is /root/.ssh itself (the MPI Operator's default
+# mount, read-only, owner-only): then nothing is copied.
+ep_keys_in_place() { [[ "$(realpath -m -- "$(ep_ssh_dir)")" == "$(realpath -m -- "$EP_ROOT_SSH")" ]]; }
+
+# ep_validate_keys ROLE: check the mounted secret up front; the master needs the private key. The
+# MPI Operator's private key is checked as its installed copy: mounted away from /root/.ssh it is
+# readable by others (the operator sets a mode only on /root/.ssh), which ssh-keygen refuses to read.
+ep_validate_keys() {
+	local role="$1" dir name pub key
+	dir="$(ep_ssh_dir)"
+	name="$(ep_key_name)"
+	pub="$dir/$name.pub"
+	key="$dir/$name"
 	[[ -d "$dir" && -e "$pub" ]] \
 		|| ep_die "no cluster key at $pub; fix: make keys and mount .keys read-only at $dir (docker run -v \"\$PWD/.keys:$dir:ro\")"
 	ep_check_public_key "$pub"
 	if [[ -e "$key" ]]; then
-		ep_check_private_key "$key" "$pub"
+		[[ "$name" == "$EP_OPERATOR_KEY_NAME" ]] || ep_check_private_key "$key" "$pub"
 	elif [[ "$role" == master ]]; then
 		ep_die "no private key at $key (the master needs it to reach the workers); fix: make keys and mount .keys read-only at $dir"
 	fi
@@ -116,13 +148,22 @@ ep_validate_keys() {
 
 # ep_install_keys: authorized_keys from the secret, and the client key when the secret has one.
 ep_install_keys() {
-	local dir
+	local dir name authorized
 	dir="$(ep_ssh_dir)"
+	name="$(ep_key_name)"
+	if ep_keys_in_place; then
+		[[ "$name" != "$EP_OPERATOR_KEY_NAME" || ! -e "$dir/$name" ]] \
+			|| ep_check_private_key "$dir/$name" "$dir/$name.pub"
+		return
+	fi
+	authorized="$dir/$name.pub"
+	[[ "$name" != "$EP_OPERATOR_KEY_NAME" || ! -s "$dir/authorized_keys" ]] || authorized="$dir/authorized_keys"
 	install -d -m 0700 "$EP_ROOT_SSH"
-	install -m 0600 "$dir/$EP_KEY_NAME.pub" "$EP_ROOT_SSH/authorized_keys"
-	if [[ -e "$dir/$EP_KEY_NAME" ]]; then
-		install -m 0600 "$dir/$EP_KEY_NAME" "$EP_ROOT_SSH/$EP_KEY_NAME"
-		install -m 0644 "$dir/$EP_KEY_NAME.pub" "$EP_ROOT_SSH/$EP_KEY_NAME.pub"
+	install -m 0600 "$authorized" "$EP_ROOT_SSH/authorized_keys"
+	if [[ -e "$dir/$name" ]]; then
+		install -m 0600 "$dir/$name" "$EP_ROOT_SSH/$name"
+		install -m 0644 "$dir/$name.pub" "$EP_ROOT_SSH/$name.pub"
+		[[ "$name" != "$EP_OPERATOR_KEY_NAME" ]] || ep_check_private_key "$EP_ROOT_SSH/$name" "$dir/$name.pub"
 	fi
 }
 
@@ -186,13 +227,62 @@ ep_run_worker() {
 	exec /usr/sbin/sshd -D -e -p "$port"
 }
 
+# ep_run_slurm_worker MASTER_HOST: a worker of a Slurm step. Slurm ends the step only once every task
+# has exited, so sshd runs under nodewatch, which exits once the master releases this node or is gone.
+ep_run_slurm_worker() {
+	local master="$1" port
+	port="$(ep_ssh_port)"
+	ep_prepare worker "$port"
+	exec python3 -m gaudi_cluster.nodewatch follow --master "$master" -- \
+		setpriv --pdeathsig TERM -- /usr/sbin/sshd -D -e -p "$port"
+}
+
+# ep_wait_listening PORT PID: true once something accepts connections on 127.0.0.1:PORT, false if PID
+# exits first or 10 s pass.
+ep_wait_listening() {
+	local port="$1" pid="$2" tries
+	for ((tries = 0; tries < 100; tries++)); do
+		if { exec 3<>"/dev/tcp/127.0.0.1/$port"; } 2>/dev/null; then
+			exec 3<&-
+			return 0
+		fi
+		kill -0 "$pid" 2>/dev/null || return 1
+		sleep 0.1
+	done
+	return 1
+}
+
 ep_run_master() {
-	local port
+	local port sshd_pid
 	port="$(ep_ssh_port)"
 	ep_prepare master "$port"
-	/usr/sbin/sshd -p "$port" -E "$EP_SSHD_LOG" || ep_die "sshd did not start on port $port; see $EP_SSHD_LOG" 1
-	ep_note "master: sshd on port $port (background, log $EP_SSHD_LOG); starting gaudi-cluster master"
+	# sshd as a child that ends with the master (setpriv --pdeathsig; the exec below keeps the parent):
+	# where the node outlives the job (a Slurm node, a pyxis container sharing the host's network),
+	# a daemonized sshd would hold the port and the step's output open after the job.
+	setpriv --pdeathsig TERM -- /usr/sbin/sshd -D -p "$port" -E "$EP_SSHD_LOG" </dev/null &
+	sshd_pid=$!
+	ep_wait_listening "$port" "$sshd_pid" || ep_die "sshd did not start on port $port; see $EP_SSHD_LOG" 1
+	ep_note "master: sshd on port $port (log $EP_SSHD_LOG); starting gaudi-cluster master"
 	exec gaudi-cluster master "$@"
+}
+
+# ep_run_auto [JOB...]: the role the engine gives this node (see the header).
+ep_run_auto() {
+	local found role engine master
+	found="$(python3 -m gaudi_cluster.nodewatch role)" || exit "$?"
+	read -r role engine master <<<"$found"
+	case "$role" in
+		master) ep_run_master "$@" ;;
+		worker)
+			(($# == 0)) || ep_note "auto: this node is a worker; the job arguments are the master's: $*"
+			if [[ "$engine" == slurm ]]; then
+				ep_run_slurm_worker "$master"
+			else
+				ep_run_worker
+			fi
+			;;
+		*) ep_die "role auto resolved to '$found'; fix: pass the role master or worker" 1 ;;
+	esac
 }
 
 # ep_role_from_env: GAUDI_CLUSTER_ROLE validated (default worker).
@@ -224,6 +314,7 @@ ep_main() {
 	case "$role" in
 		master) ep_run_master "$@" ;;
 		worker) ep_run_worker "$@" ;;
+		auto) ep_run_auto "$@" ;;
 	esac
 }
 

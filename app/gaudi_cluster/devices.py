@@ -11,6 +11,7 @@ import re
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 
+from gaudi_cluster import slurm
 from gaudi_cluster.errors import ConfigError
 
 ACCELERATORS = ("hpu", "cuda", "cpu")
@@ -86,6 +87,18 @@ def cuda_visible_count(value: str) -> int:
     return count
 
 
+def habana_visible_count(value: str) -> int | None:
+    """Cards a HABANA_VISIBLE_DEVICES list names (`0,1,2,3`); None for `all` or anything not a list.
+
+    The Habana container runtime reads it to choose the cards it mounts; where no runtime did (an
+    engine that starts the image directly), the list is still what this node was given.
+    """
+    items = [item.strip() for item in value.split(",")]
+    if not value.strip() or not all(re.fullmatch(r"[0-9]+", item) for item in items):
+        return None
+    return len(set(items))
+
+
 def detect_slots(
     accelerator: str,
     env: Mapping[str, str],
@@ -98,6 +111,12 @@ def detect_slots(
         visible = env.get("HABANA_VISIBLE_MODULES", "").strip()
         if visible:
             return len(parse_habana_visible_modules(visible))
+        # What an engine gave this node beats what /dev shows: without the Habana runtime (pyxis, a
+        # Slurm node running the image directly) /dev/accel lists every card of the server.
+        # SLURM_GPUS_ON_NODE=0 (no GRES asked for) says nothing about the cards: detect them.
+        given = habana_visible_count(env.get("HABANA_VISIBLE_DEVICES", "")) or slurm.gpus_on_node(env)
+        if given:
+            return given
         return len(_accel_nodes(list_dir)) or _hl_smi_count(run)
     if accelerator == "cuda":
         if "CUDA_VISIBLE_DEVICES" in env:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gaudi_cluster import slurm
 from gaudi_cluster.errors import ClusterNotReady, ConfigError
 from gaudi_cluster.hostfile import host_problem, read_hostfile
 
@@ -100,76 +101,27 @@ def peers_from_hostfile(path: str | Path) -> list[Peer]:
     return [Peer(e.host, e.slots) for e in read_hostfile(path).entries]
 
 
-def _expand_ranges(body: str, source: str) -> list[str]:
-    out: list[str] = []
-    for part in body.split(","):
-        m = re.fullmatch(r"([0-9]+)(?:-([0-9]+))?", part)
-        if not m:
-            raise ConfigError(
-                f"{source}: bad range '{part}' in '[{body}]'; fix: use forms like node[01-04,07]"
-            )
-        lo_text, hi_text = m.group(1), m.group(2) or m.group(1)
-        lo, hi = int(lo_text), int(hi_text)
-        if hi < lo:
-            raise ConfigError(f"{source}: range '{part}' runs backwards; fix: write low-high")
-        # Slurm keeps the zero padding of the lower bound: node[08-10] -> node08 node09 node10.
-        out.extend(str(i).zfill(len(lo_text)) for i in range(lo, hi + 1))
-    return out
-
-
-def _split_top_level(s: str, source: str) -> list[str]:
-    items, depth, cur = [], 0, []
-    for ch in s:
-        if ch == "[":
-            if depth:
-                raise ConfigError(f"{source}: nested '[' in '{s}'; fix: use one bracket level")
-            depth = 1
-        elif ch == "]":
-            if not depth:
-                raise ConfigError(f"{source}: unmatched ']' in '{s}'; fix: balance the brackets")
-            depth = 0
-        if ch == "," and not depth:
-            items.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    if depth:
-        raise ConfigError(f"{source}: unclosed '[' in '{s}'; fix: balance the brackets")
-    items.append("".join(cur))
-    return [i.strip() for i in items if i.strip()]
-
-
 def expand_slurm_nodelist(s: str, source: str = "SLURM_JOB_NODELIST") -> list[str]:
-    """Slurm hostlist syntax (`node[01-04,07]`, `a[1-2]b[3-4]`, `x,y`) -> host names, first seen order."""
-    hosts: list[str] = []
-    for item in _split_top_level(s, source):
-        if "[]" in item:
-            raise ConfigError(f"{source}: empty brackets in '{item}'; fix: write node[01-04]")
-        names = [""]
-        for literal, body in re.findall(r"([^\[]*)(?:\[([^\]]*)\])?", item):
-            names = [n + literal for n in names]
-            if body:
-                names = [n + x for n in names for x in _expand_ranges(body, source)]
-        hosts.extend(names)
+    """A Slurm host list expanded exactly as Slurm does (gaudi_cluster.slurm), errors as ConfigError."""
+    try:
+        hosts = slurm.expand_hostlist(s)
+    except slurm.HostlistError as error:
+        raise ConfigError(
+            f"{source}='{s}' is not a Slurm host list: {error}; fix: use forms like node[01-04,07]"
+        ) from None
     if not hosts:
         raise ConfigError(f"{source} is empty; fix: run inside a Slurm allocation or configure peers")
-    return list(dict.fromkeys(hosts))
+    return hosts
 
 
 def peers_from_slurm(env: Mapping[str, str]) -> list[Peer]:
-    var = "SLURM_JOB_NODELIST" if env.get("SLURM_JOB_NODELIST") else "SLURM_NODELIST"
-    nodelist = env.get(var, "")
-    if not nodelist:
-        raise ConfigError(
-            "Slurm discovery needs SLURM_JOB_NODELIST (or SLURM_NODELIST); fix: run under srun/sbatch"
-        )
-    # SLURM_TASKS_PER_NODE is ignored on purpose: one container task per node is the norm, and
-    # its "1" would hide the devices; without an explicit count the node detects its own slots.
-    per_node = env.get("SLURM_NTASKS_PER_NODE")
-    slots = (
-        _slots(per_node, f"SLURM_NTASKS_PER_NODE={per_node}", "SLURM_NTASKS_PER_NODE") if per_node else None
-    )
-    return [Peer(h, slots) for h in expand_slurm_nodelist(nodelist, var)]
+    """Every node of the Slurm step (else job), master first; slots are found on each node.
+
+    Not from SLURM_NTASKS_PER_NODE / SLURM_TASKS_PER_NODE: one container task per node is the way to
+    run the image (their "1" would hide the cards). Each node's probe counts its own cards, honouring
+    HABANA_VISIBLE_DEVICES and SLURM_GPUS_ON_NODE (devices.detect_slots).
+    """
+    return [Peer(host) for host in slurm.step_hosts(env)]
 
 
 def mpi_operator_hostfile_path(env: Mapping[str, str]) -> str:
@@ -252,7 +204,7 @@ def describe_source(spec: DiscoverySpec) -> str:
 def detect_source(
     env: Mapping[str, str], exists: Callable[[str], bool] = os.path.exists
 ) -> DiscoverySpec | None:
-    if env.get("SLURM_JOB_NODELIST"):
+    if slurm.in_slurm_step(env):
         return DiscoverySpec(slurm=True)
     if env.get("OMPI_MCA_orte_default_hostfile") or exists(MPI_OPERATOR_HOSTFILE):
         return DiscoverySpec(mpi_operator=True)

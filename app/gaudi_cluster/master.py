@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence, Set
 from pathlib import Path
 from typing import TextIO
 
-from gaudi_cluster import jobdir, plan, report, ssh
+from gaudi_cluster import engine, jobdir, nodewatch, plan, report, ssh
 from gaudi_cluster.config import ClusterConfig
 from gaudi_cluster.control import ControlServer
 from gaudi_cluster.hostfile import render_hostfile
@@ -38,25 +38,36 @@ def run_master(
     options: LaunchOptions | None = None,
 ) -> int:
     """Prepare and run the job, re-running it up to --max-restarts times after a failure."""
+    config = engine.engine_defaults(config, environ)
     log.info("%s", config.describe())
     program = program_from_args(
         job_argv, sys.executable, resolve_accelerator(config.accelerator, environ), environ
     )
     attempt = 1
-    while True:
-        job = prepare(config, program, environ, options)
-        if config.dry_run:
-            print_dry_run(job, out)
-            return 0
-        outcome = run_prepared(job, config, out)
-        if not should_restart(outcome, attempt, config.max_restarts):
-            return outcome.exit_code
-        out.write(
-            f"gaudi-cluster: restarting the job from its latest checkpoint "
-            f"(restart {attempt} of {config.max_restarts})\n"
-        )
-        out.flush()
-        attempt += 1
+    job: PreparedJob | None = None
+    exit_code: int | None = None
+    lost: set[str] = set()
+    try:
+        while True:
+            job = prepare(config, program, environ, options)
+            if config.dry_run:
+                print_dry_run(job, out)
+                exit_code = 0
+                return exit_code
+            outcome = run_prepared(job, config, out)
+            if outcome.failure is not None and outcome.failure.what.startswith("lost contact"):
+                lost.add(outcome.failure.host)
+            if not should_restart(outcome, attempt, config.max_restarts):
+                exit_code = outcome.exit_code
+                return exit_code
+            out.write(
+                f"gaudi-cluster: restarting the job from its latest checkpoint "
+                f"(restart {attempt} of {config.max_restarts})\n"
+            )
+            out.flush()
+            attempt += 1
+    finally:
+        nodewatch.release_workers(config, environ, job.ssh_config if job else None, exit_code, skip=lost)
 
 
 def run_prepared(job: PreparedJob, config: ClusterConfig, out: TextIO) -> JobOutcome:

@@ -193,11 +193,16 @@ def wait_for_sshd(
     return waiting
 
 
+# Our key (make keys), then the Kubeflow MPI Operator's, which it names id_rsa (an ECDSA P-521 key).
+IDENTITY_NAMES = ("id_ed25519", "id_rsa")
+
+
 def default_identity(ssh_dir: Path) -> Path | None:
     """The installed copy in ~/.ssh (0600, made by the entrypoint) or the mounted secret."""
-    for candidate in (Path.home() / ".ssh" / "id_ed25519", ssh_dir / "id_ed25519"):
-        if candidate.is_file():
-            return candidate
+    for directory in (Path.home() / ".ssh", ssh_dir):
+        for name in IDENTITY_NAMES:
+            if (directory / name).is_file():
+                return directory / name
     return None
 
 

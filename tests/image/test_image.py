@@ -404,10 +404,50 @@ def test_bad_port_refused(image, cluster_keys, port):
     assert f"GAUDI_CLUSTER_SSH_PORT='{port}' is not a TCP port" in out.stderr
 
 
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({}, "role auto needs an engine"),
+        ({"K_MPI_JOB_ROLE": "boss"}, "K_MPI_JOB_ROLE='boss' is neither launcher nor worker"),
+        ({"SLURM_STEP_NODELIST": "node[1-2]-ib", "SLURM_NODEID": "0"}, "SLURM_STEP_NODELIST='node[1-2]-ib'"),
+    ],
+)
+def test_auto_role_without_a_clear_engine_exits_2(image, cluster_keys, env, message):
+    out = run_once(image, "auto", env=env, mounts=[f"{cluster_keys}:{SSH_DIR}:ro"])
+    assert out.returncode == 2, out.stderr
+    assert message in out.stderr and "fix:" in out.stderr
+
+
+def test_mpi_operator_keys_mounted_at_root_ssh_are_used_in_place(containers: Containers, tmp_path, client):
+    """The MPI Operator's default sshAuthMountPath: its Secret, read-only and 0600, is /root/.ssh."""
+    key = tmp_path / "keygen"
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ecdsa", "-b", "521", "-m", "PEM", "-N", "", "-C", "", "-f", str(key)],
+        check=True,
+    )
+    mount = tmp_path / "ssh"
+    mount.mkdir()
+    public = b" ".join(key.with_suffix(".pub").read_bytes().split()[:2]) + b"\n"
+    for name, content in (("id_rsa", key.read_bytes()), ("id_rsa.pub", public), ("authorized_keys", public)):
+        (mount / name).write_bytes(content)
+        (mount / name).chmod(0o600)
+    worker = containers.run(
+        role="auto",
+        keys=False,
+        env={"GAUDI_CLUSTER_SSH_DIR": "/root/.ssh", "K_MPI_JOB_ROLE": "worker"},
+        mounts=[f"{mount}:/root/.ssh:ro"],
+    )
+    assert wait_until(lambda: passes_health_check(worker), timeout=30), containers.logs(worker)
+    assert "role auto: worker (K_MPI_JOB_ROLE=worker)" in containers.logs(worker)
+    # The operator's key logs in (the node's own client uses it); ours is refused there.
+    assert ssh_from(worker, worker, "echo in").stdout.strip() == "in"
+    assert ssh_from(client, worker, "true").returncode == 255
+
+
 def test_entrypoint_is_sourceable(image):
     script = (
         "source /opt/gaudi-cluster/entrypoint/entrypoint.sh"
-        " && ep_is_role master && ep_is_role worker && ! ep_is_role boss"
+        " && ep_is_role master && ep_is_role worker && ep_is_role auto && ! ep_is_role boss"
         ' && [ "$(GAUDI_CLUSTER_SSH_PORT=022 ep_ssh_port)" = 22 ] && echo sourced'
     )
     out = run_once(image, "bash", "-c", script)

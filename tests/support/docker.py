@@ -84,6 +84,7 @@ class Containers:
         env: dict[str, str] | None = None,
         keys: Path | bool | None = True,
         name: str | None = None,
+        mounts: list[str] | None = None,
     ) -> str:
         """docker run -d IMAGE [role] [args] on the test network; returns the container name."""
         name = name or f"gc-{SESSION}-{uuid.uuid4().hex[:6]}"
@@ -93,6 +94,8 @@ class Containers:
             cmd += ["-v", f"{source}:{SSH_DIR}:ro"]
         for key, value in (env or {}).items():
             cmd += ["-e", f"{key}={value}"]
+        for mount in mounts or []:
+            cmd += ["-v", mount]
         cmd.append(self.image)
         if role:
             cmd.append(role)

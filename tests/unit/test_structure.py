@@ -22,6 +22,7 @@ PURE = {
     "gaudi_cluster.compat",
     "gaudi_cluster.config",
     "gaudi_cluster.diagnosis",
+    "gaudi_cluster.engine",
     "gaudi_cluster.envfile",
     "gaudi_cluster.hostfile",
     "gaudi_cluster.jobenv",
@@ -32,6 +33,7 @@ PURE = {
     "gaudi_cluster.presets",
     "gaudi_cluster.program",
     "gaudi_cluster.setting_types",
+    "gaudi_cluster.slurm",
 }
 EDGES = {"subprocess", "socket", "threading"}
 

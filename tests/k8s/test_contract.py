@@ -1,0 +1,264 @@
+"""The runtime contract of k8s/ (docs/kubernetes.md), exercised with Docker instead of a cluster.
+
+Containers are named, given hostnames and DNS aliases exactly as Kubernetes names the pods (Docker's
+DNS answers dotted aliases, and one alias shared by several containers returns all their addresses,
+like a headless Service). They get the args, environment and mount paths of the rendered manifests,
+plus what the controllers add: for the MPI Operator its hostfile, its variables and its ssh Secret (an
+ECDSA P-521 key in PEM form named id_rsa, mode 0644, behind the `..data` symlinks of a Secret
+volume); for the Indexed Job the completion index. The workers start 15 s after the master, so their
+names do not resolve yet when it starts. The job must train on every node.
+
+What is not imitated: scheduling, readiness gates (WaitForWorkersReady would start the launcher only
+after the workers; starting it first is the harder case), and Gaudi: slots are 1 per node on CPU.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.docker import LABEL, ROOT, docker
+from tests.support.kubernetes import kustomize
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+NAMESPACE = "default"
+WORKERS_LATE_S = 15
+SCRIPT = "/opt/gaudi-cluster/app/train/run_clm.py"
+# A short training run: the contract is about who runs where, not about convergence.
+JOB = [SCRIPT, "--do_train", "--output_dir", "/workspace/output", "--deepspeed", "ds_cpu",
+       "--max_steps", "4", "--save_steps", "4", "--logging_steps", "1"]  # fmt: skip
+RANK_LINE = re.compile(r"^\[(?P<host>[\w.-]+) rank (?P<rank>\d+)\] ", re.MULTILINE)
+# How long the master may wait for its peers here (the manifests' 900 s is for pulling images).
+WAIT_TIMEOUT = "180"
+
+
+def rank_hosts(log: str) -> dict[int, set[str]]:
+    seen: dict[int, set[str]] = {}
+    for match in RANK_LINE.finditer(log):
+        seen.setdefault(int(match["rank"]), set()).add(match["host"])
+    return seen
+
+
+def only(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = [doc for doc in docs if doc["kind"] == kind]
+    assert len(found) == 1, kind
+    return found[0]
+
+
+def container_env(container: dict[str, Any], settings: dict[str, str]) -> dict[str, str]:
+    """What the container's environment holds: its envFrom ConfigMap, then its own env."""
+    env = dict(settings)
+    env.update({item["name"]: item["value"] for item in container.get("env", []) if "value" in item})
+    return env
+
+
+def settings_of(docs: list[dict[str, Any]]) -> dict[str, str]:
+    config = only(docs, "ConfigMap")
+    assert config["metadata"]["name"].startswith("gaudi-cluster-settings")
+    return {**config["data"], "GAUDI_CLUSTER_WAIT_TIMEOUT": WAIT_TIMEOUT}
+
+
+def secret_volume(directory: Path, files: dict[str, bytes], mode: int) -> Path:
+    """A directory laid out as the kubelet lays out a Secret volume: files behind ..data symlinks."""
+    timestamped = directory / "..2026_11_30_12_00_00.000000001"
+    timestamped.mkdir(parents=True)
+    for name, content in files.items():
+        (timestamped / name).write_bytes(content)
+        (timestamped / name).chmod(mode)
+    (directory / "..data").symlink_to(timestamped.name)
+    for name in files:
+        (directory / name).symlink_to(f"..data/{name}")
+    return directory
+
+
+class Pods:
+    """Containers standing in for pods on one internal network; removed at the end."""
+
+    def __init__(self, image: str) -> None:
+        self.image = image
+        self.session = uuid.uuid4().hex[:8]
+        self.network = f"gc-k8s-{self.session}"
+        self.names: list[str] = []
+        docker("network", "create", "--internal", "--label", LABEL, self.network)
+
+    def run(
+        self,
+        hostname: str,
+        aliases: list[str],
+        env: dict[str, str],
+        mounts: list[str],
+        args: list[str],
+    ) -> str:
+        name = f"gc-k8s-{self.session}-{hostname}"
+        command = ["run", "-d", "--name", name, "--hostname", hostname, "--network", self.network]
+        command += ["--label", LABEL, "--shm-size", "1g", "--no-healthcheck"]
+        for alias in aliases:
+            command += ["--network-alias", alias]
+        for key, value in env.items():
+            command += ["-e", f"{key}={value}"]
+        for mount in mounts:
+            command += ["-v", mount]
+        docker(*command, self.image, *args)
+        self.names.append(name)
+        return name
+
+    def wait(self, name: str, timeout_s: float) -> int:
+        return int(docker("wait", name, timeout=timeout_s).stdout.strip())
+
+    def logs(self, name: str) -> str:
+        done = docker("logs", name, check=False)
+        return done.stdout + done.stderr
+
+    def running(self, name: str) -> bool:
+        return docker("inspect", "-f", "{{.State.Running}}", name, check=False).stdout.strip() == "true"
+
+    def remove(self, show_logs: bool) -> None:
+        for name in self.names:
+            if show_logs:
+                print(f"\n----- {name} -----\n{self.logs(name)[-5000:]}")
+        if self.names:
+            docker("rm", "-f", "-v", *self.names, check=False, timeout=120)
+        docker("network", "rm", self.network, check=False)
+
+
+@pytest.fixture
+def pods(request, image) -> Iterator[Pods]:
+    made = Pods(image)
+    yield made
+    failed = getattr(request.node, "rep_call", None) is None or request.node.rep_call.failed
+    made.remove(show_logs=failed)
+
+
+def operator_key_pair(directory: Path) -> dict[str, bytes]:
+    """What the MPI Operator puts in its Secret: an ECDSA P-521 key in PEM (SEC 1) form as id_rsa,
+    and the public key, without a comment, as both id_rsa.pub and authorized_keys."""
+    directory.mkdir()
+    key = directory / "key"
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ecdsa", "-b", "521", "-m", "PEM", "-N", "", "-C", "", "-f", str(key)],
+        check=True,
+    )
+    private = key.read_bytes()
+    assert private.startswith(b"-----BEGIN EC PRIVATE KEY-----")
+    public = b" ".join(key.with_suffix(".pub").read_bytes().split()[:2]) + b"\n"
+    return {"id_rsa": private, "id_rsa.pub": public, "authorized_keys": public}
+
+
+def test_mpijob_launcher_trains_on_late_workers_with_the_operators_keys(pods, tmp_path):
+    docs = kustomize(ROOT / "k8s" / "mpijob")
+    mpijob = only(docs, "MPIJob")
+    job = mpijob["metadata"]["name"]
+    spec = mpijob["spec"]
+    settings = settings_of(docs)
+    mount = spec["sshAuthMountPath"]
+    secret = secret_volume(tmp_path / "ssh", operator_key_pair(tmp_path / "keygen"), 0o644)
+    workers = spec["mpiReplicaSpecs"]["Worker"]["replicas"]
+    worker_names = [f"{job}-worker-{i}" for i in range(workers)]
+    # The operator's ConfigMap: one FQDN per worker, slotsPerWorker slots (1 here: CPU ranks).
+    fqdn = {name: f"{name}.{job}.{NAMESPACE}.svc" for name in worker_names}
+    config_map = secret_volume(
+        tmp_path / "mpi",
+        {
+            "hostfile": "".join(f"{fqdn[name]} slots=1\n" for name in worker_names).encode(),
+            "discover_hosts.sh": b"#!/bin/sh\n"
+            + b"".join(f"echo {fqdn[name]}\n".encode() for name in worker_names),
+        },
+        0o644,
+    )
+    operator_env = {
+        "OMPI_MCA_orte_default_hostfile": "/etc/mpi/hostfile",
+        "OMPI_MCA_orte_keep_fqdn_hostnames": "true",
+        "OMPI_MCA_plm_rsh_args": "-o ConnectionAttempts=10",
+    }
+    launcher_container = spec["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    worker_container = spec["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert launcher_container["args"] == ["master"] and worker_container["args"] == ["worker"]
+
+    launcher = pods.run(
+        f"{job}-launcher",
+        [f"{job}-launcher.{job}.{NAMESPACE}.svc"],
+        {
+            **container_env(launcher_container, settings),
+            **operator_env,
+            "K_MPI_JOB_ROLE": "launcher",
+        },
+        [f"{secret}:{mount}:ro", f"{config_map}:/etc/mpi:ro"],
+        [*launcher_container["args"], *JOB],
+    )
+    time.sleep(WORKERS_LATE_S)
+    assert pods.running(launcher), pods.logs(launcher)[-3000:]
+    # Still waiting for its workers, whose names do not resolve yet; it installed the operator's key
+    # owner-only (the mount itself stays 0644 and read-only).
+    installed = docker("exec", launcher, "stat", "-c", "%a %n", "/root/.ssh/id_rsa", check=False).stdout
+    assert installed.split() == ["600", "/root/.ssh/id_rsa"]
+    for name in worker_names:
+        pods.run(
+            name,
+            [fqdn[name]],
+            {**container_env(worker_container, settings), "K_MPI_JOB_ROLE": "worker"},
+            [f"{secret}:{mount}:ro"],
+            worker_container["args"],
+        )
+    code = pods.wait(launcher, timeout_s=600)
+    log = pods.logs(launcher)
+    assert code == 0, log[-4000:]
+    # The ranks ran on the workers only: the launcher is not in the operator's hostfile.
+    assert rank_hosts(log) == {i: {name} for i, name in enumerate(worker_names)}, rank_hosts(log)
+    assert re.search(rf"job \S+ succeeded: {workers} ranks on {workers} nodes", log), log[-3000:]
+    assert f"nodes: {', '.join(fqdn[name] for name in worker_names)}" in log
+
+
+def test_indexed_job_trains_on_every_index_found_through_the_service(pods, tmp_path, cluster_keys):
+    docs = kustomize(ROOT / "k8s" / "indexed-job")
+    job_doc, service = only(docs, "Job"), only(docs, "Service")
+    job, subdomain = job_doc["metadata"]["name"], service["metadata"]["name"]
+    pod_spec = job_doc["spec"]["template"]["spec"]
+    assert pod_spec["subdomain"] == subdomain
+    container = pod_spec["containers"][0]
+    env = container_env(container, settings_of(docs))
+    completions = job_doc["spec"]["completions"]
+    assert env["GAUDI_CLUSTER_NODES"] == str(completions) and env["GAUDI_CLUSTER_PEERS_DNS"] == subdomain
+    (key_mount,) = [m["mountPath"] for m in container["volumeMounts"] if m["name"] == "cluster-keys"]
+    (key_volume,) = [v for v in pod_spec["volumes"] if v["name"] == "cluster-keys"]
+    files = {name: (cluster_keys / name).read_bytes() for name in ("id_ed25519", "id_ed25519.pub")}
+    secret = secret_volume(tmp_path / "keys", files, key_volume["secret"]["defaultMode"])
+
+    def start(index: int) -> str:
+        hostname = f"{job}-{index}"
+        # The pod's own name in the Service's subdomain, its FQDN, and the Service's name (every pod).
+        aliases = [
+            f"{hostname}.{subdomain}",
+            f"{hostname}.{subdomain}.{NAMESPACE}.svc.cluster.local",
+            subdomain,
+        ]
+        return pods.run(
+            hostname,
+            aliases,
+            {**env, "JOB_COMPLETION_INDEX": str(index)},
+            [f"{secret}:{key_mount}:ro"],
+            [*container["args"], *JOB],
+        )
+
+    master = start(0)
+    time.sleep(WORKERS_LATE_S)
+    assert pods.running(master), pods.logs(master)[-3000:]
+    workers = [start(index) for index in range(1, completions)]
+    code = pods.wait(master, timeout_s=600)
+    log = pods.logs(master)
+    assert code == 0, log[-4000:]
+    assert "role auto: master (JOB_COMPLETION_INDEX=0)" in log
+    assert rank_hosts(log) == {i: {f"{job}-{i}"} for i in range(completions)}, rank_hosts(log)
+    for worker in workers:
+        worker_log = pods.logs(worker)
+        assert "role auto: worker (JOB_COMPLETION_INDEX=" in worker_log
+        assert "the job arguments are the master's" in worker_log
+        # Kubernetes, not the worker, ends it (the Job's successPolicy): it still serves sshd.
+        assert pods.running(worker)

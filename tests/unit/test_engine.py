@@ -1,0 +1,222 @@
+"""The role `auto`, engine defaults, a Slurm worker's end (gaudi_cluster.engine), the nodewatch
+helpers, the identity lookup for the MPI Operator's key, and the shipped sbatch script (dry run)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+from gaudi_cluster import engine, nodewatch, ssh
+from gaudi_cluster.config import ClusterConfig, resolve_config
+from gaudi_cluster.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+SBATCH = ROOT / "slurm" / "gaudi-cluster.sbatch"
+RUN_NODE = ROOT / "scripts" / "run-node.sh"
+SLURM_STEP = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "gaudi[01-03]"}
+
+
+@pytest.mark.parametrize(
+    ("env", "hostnames", "role", "engine_name", "master"),
+    [
+        pytest.param(
+            {"K_MPI_JOB_ROLE": "launcher"}, {"x"}, "master", "mpi-operator", None, id="mpi-launcher"
+        ),
+        pytest.param({"K_MPI_JOB_ROLE": "worker"}, {"x"}, "worker", "mpi-operator", None, id="mpi-worker"),
+        pytest.param({"JOB_COMPLETION_INDEX": "0"}, {"j-0"}, "master", "indexed-job", None, id="index-0"),
+        pytest.param({"JOB_COMPLETION_INDEX": "3"}, {"j-3"}, "worker", "indexed-job", None, id="index-3"),
+        pytest.param({**SLURM_STEP, "SLURM_NODEID": "0"}, {"x"}, "master", "slurm", None, id="nodeid-0"),
+        pytest.param({**SLURM_STEP, "SLURM_NODEID": "2"}, {"x"}, "worker", "slurm", "gaudi01", id="nodeid-2"),
+        pytest.param(SLURM_STEP, {"gaudi01.cluster.example"}, "master", "slurm", None, id="first-host-fqdn"),
+        pytest.param(SLURM_STEP, {"gaudi03"}, "worker", "slurm", "gaudi01", id="not-first-host"),
+        # The operator's pods also run under other engines' variables in odd setups: it names the role.
+        pytest.param(
+            {"K_MPI_JOB_ROLE": "worker", "JOB_COMPLETION_INDEX": "0"},
+            {"x"},
+            "worker",
+            "mpi-operator",
+            None,
+            id="operator-first",
+        ),
+    ],
+)
+def test_auto_role(env, hostnames, role, engine_name, master):
+    found = engine.auto_role(env, hostnames)
+    assert (found.role, found.engine, found.master_host) == (role, engine_name, master)
+    assert found.follows_master == (role == "worker" and engine_name == "slurm")
+
+
+@pytest.mark.parametrize(
+    ("env", "match"),
+    [
+        pytest.param({}, r"role auto needs an engine.*fix: pass the role master or worker", id="nothing"),
+        pytest.param({"K_MPI_JOB_ROLE": "boss"}, "K_MPI_JOB_ROLE='boss'", id="bad-mpi-role"),
+        pytest.param({"JOB_COMPLETION_INDEX": "one"}, "JOB_COMPLETION_INDEX='one'", id="bad-index"),
+        pytest.param({"SLURM_STEP_NODELIST": "n[1-2]-ib"}, "SLURM_STEP_NODELIST", id="bad-nodelist"),
+    ],
+)
+def test_auto_role_errors(env, match):
+    with pytest.raises(ConfigError, match=match):
+        engine.auto_role(env, {"x"})
+
+
+def test_engine_defaults_derive_the_port_unless_chosen():
+    config = ClusterConfig()
+    assert engine.engine_defaults(config, {}).master_port == 29500
+    assert engine.engine_defaults(config, SLURM_STEP).master_port == 61077
+    chosen = resolve_config({}, {"GAUDI_CLUSTER_MASTER_PORT": "29600"})
+    assert (
+        engine.engine_defaults(chosen, {**SLURM_STEP, "GAUDI_CLUSTER_MASTER_PORT": "29600"}).master_port
+        == 29600
+    )
+
+
+def test_release_marker_name_needs_a_run_key():
+    assert engine.release_marker_name("77.0") == "released-77.0"
+    with pytest.raises(ConfigError, match="release key"):
+        engine.release_marker_name("../x")
+
+
+def watch() -> engine.MasterWatch:
+    return engine.MasterWatch("node1", started_at=0.0, startup_timeout_s=100.0, gone_after_s=10.0)
+
+
+def test_worker_exits_0_when_released():
+    verdict = watch().observe(5.0, released=True, agents_running=True, master_answers=None)
+    assert verdict is not None and verdict.exit_code == 0
+
+
+def test_worker_waits_for_a_late_master_then_gives_up():
+    w = watch()
+    assert w.observe(99.0, released=False, agents_running=False, master_answers=False) is None
+    verdict = w.observe(101.0, released=False, agents_running=False, master_answers=False)
+    assert verdict is not None and verdict.exit_code == 1 and "never answered" in verdict.message
+
+
+def test_worker_exits_1_once_the_master_is_gone_longer_than_the_bound():
+    w = watch()
+    assert w.observe(1.0, released=False, agents_running=False, master_answers=True) is None
+    # ranks running: their agents vouch for the master, nobody knocks
+    assert not w.should_knock(agents_running=True)
+    assert w.observe(50.0, released=False, agents_running=True, master_answers=None) is None
+    assert w.observe(59.0, released=False, agents_running=False, master_answers=False) is None
+    verdict = w.observe(61.0, released=False, agents_running=False, master_answers=False)
+    assert verdict is not None and verdict.exit_code == 1 and "unreachable for 11s" in verdict.message
+
+
+def test_worker_stopped_by_slurm_waits_for_its_ranks_then_exits_0():
+    w = watch()
+    stop = {"released": False, "master_answers": None, "stop_requested": True}
+    assert w.observe(1.0, agents_running=True, **stop) is None
+    verdict = w.observe(2.0, agents_running=False, **stop)
+    assert verdict is not None and verdict.exit_code == 0
+
+
+def test_agents_running_reads_proc(tmp_path):
+    (tmp_path / "12").mkdir()
+    (tmp_path / "12" / "cmdline").write_bytes(b"/usr/bin/python\0-m\0gaudi_cluster.agent\0--job-id\0x\0")
+    (tmp_path / "13").mkdir()
+    (tmp_path / "13" / "cmdline").write_bytes(b"/usr/sbin/sshd\0-D\0")
+    (tmp_path / "self").mkdir()
+    assert nodewatch.agents_running(tmp_path)
+    (tmp_path / "12" / "cmdline").unlink()
+    assert not nodewatch.agents_running(tmp_path)
+
+
+def test_release_leaves_the_marker_follow_looks_for(tmp_path):
+    config = resolve_config({}, {"GAUDI_CLUSTER_JOB_ROOT": str(tmp_path / "jobs")})
+    assert nodewatch.release(config, "77.0", 3) == 0
+    assert (tmp_path / "released-77.0").read_text() == "3\n"
+
+
+def test_default_identity_finds_the_mpi_operators_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    mount = tmp_path / "mount"
+    mount.mkdir()
+    (mount / "id_rsa").write_text("key")
+    assert ssh.default_identity(mount) == mount / "id_rsa"
+    installed = tmp_path / "home" / ".ssh"
+    installed.mkdir(parents=True)
+    (installed / "id_rsa").write_text("key")
+    assert ssh.default_identity(mount) == installed / "id_rsa"
+    (installed / "id_ed25519").write_text("key")
+    assert ssh.default_identity(mount) == installed / "id_ed25519"
+
+
+# --- slurm/gaudi-cluster.sbatch, dry run ----------------------------------------------------------------
+
+
+def dry_run(script: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    base = {"PATH": os.environ["PATH"], "DRY_RUN": "1", "SLURM_NNODES": "3", "SLURM_JOB_ID": "77"}
+    return subprocess.run(
+        ["bash", str(script), *args], env={**base, **env}, capture_output=True, text=True, check=False
+    )
+
+
+def test_sbatch_docker_mode_runs_the_node_with_run_nodes_flags(tmp_path):
+    keys = str(tmp_path / "keys")
+    common = {"GAUDI_CLUSTER_KEYS": keys, "GAUDI_CLUSTER_IMAGE": "img:tag", "GAUDI_CLUSTER_NODES": "3"}
+    done = dry_run(SBATCH, "train.py", "--lr", "1e-4", **common)
+    assert done.returncode == 0, done.stderr
+    srun_line, docker_line = done.stdout.splitlines()
+    # (the srun line carries the node function's body in bash's $'...' quoting: compare its head only)
+    srun = srun_line.split()
+    assert srun[:5] == ["srun", "--nodes=3", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--export=ALL"]
+    ours = shlex.split(docker_line)
+    assert ours[-5:] == ["img:tag", "auto", "train.py", "--lr", "1e-4"]
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "id_ed25519.pub").write_text("ssh-ed25519 AAAA\n")
+    theirs = shlex.split(dry_run(RUN_NODE, "worker", **common).stdout)
+    # Every flag of scripts/run-node.sh's docker run, except its fixed name, -d and the role.
+    skipped = {"--name", "gaudi-cluster-worker", "-d", "worker", "HABANA_VISIBLE_DEVICES=all"}
+    missing = [word for word in theirs if word not in ours and word not in skipped]
+    assert missing == [], missing
+    for variable in ("SLURM_NODEID", "SLURM_STEP_NODELIST", "SLURM_STEP_ID", "GAUDI_CLUSTER_NODES"):
+        assert variable in ours
+    assert "GAUDI_CLUSTER_IMAGE" not in ours
+
+
+def test_sbatch_pyxis_and_direct_modes_run_the_entrypoint_with_auto():
+    pyxis = shlex.split(dry_run(SBATCH, "job.py", GAUDI_CLUSTER_SLURM_MODE="pyxis").stdout)
+    assert any(word.startswith("--container-image=gaudi-cluster:gaudi") for word in pyxis)
+    assert pyxis[-3:] == ["/opt/gaudi-cluster/entrypoint/entrypoint.sh", "auto", "job.py"]
+    direct = shlex.split(dry_run(SBATCH, GAUDI_CLUSTER_SLURM_MODE="direct").stdout)
+    assert direct[-2:] == ["/opt/gaudi-cluster/entrypoint/entrypoint.sh", "auto"]
+    assert "--kill-on-bad-exit=1" in direct
+
+
+def test_sbatch_refuses_an_unknown_mode_and_a_missing_key():
+    done = dry_run(SBATCH, GAUDI_CLUSTER_SLURM_MODE="podman")
+    assert done.returncode == 2
+    assert "GAUDI_CLUSTER_SLURM_MODE='podman'" in done.stderr and "fix:" in done.stderr
+    done = dry_run(SBATCH, DRY_RUN="0", GAUDI_CLUSTER_KEYS="/nonexistent")
+    assert done.returncode == 2
+    assert "no cluster key in /nonexistent" in done.stderr
+
+
+# --- the master's release of a Slurm step's workers ---------------------------------------------------
+
+
+def test_master_releases_the_other_nodes_of_the_step_but_not_lost_ones(tmp_path, monkeypatch):
+    from gaudi_cluster import master
+
+    calls = []
+
+    def fake_run_on_hosts(hosts, command, config, timeout_s, connect_timeout_s=None):
+        calls.append((list(hosts), command, config.read_text()))
+        return {host: ssh.SshResult(host, 0, "", "") for host in hosts}
+
+    monkeypatch.setattr(ssh, "run_on_hosts", fake_run_on_hosts)
+    config = resolve_config({}, {"GAUDI_CLUSTER_JOB_ROOT": str(tmp_path / "jobs")})
+    env = {**SLURM_STEP, "SLURM_NODEID": "0"}
+    master.release_workers(config, env, None, 1, skip={"gaudi03"})
+    ((hosts, command, ssh_config),) = calls
+    assert hosts == ["gaudi02"]
+    assert command[-6:] == ["gaudi_cluster.nodewatch", "release", "--key", "77.0", "--exit-code", "1"]
+    assert "BatchMode yes" in ssh_config
+    calls.clear()
+    master.release_workers(config, {"GAUDI_CLUSTER_PEERS": "a,b"}, None, 0)
+    assert calls == []
