@@ -148,6 +148,11 @@ def _parsers() -> tuple[Parser, dict[str, argparse.ArgumentParser]]:
     probe.add_argument("--slots", type=_positive, default=None, help="ranks per node on cpu; default 1")
     probe.add_argument("--check-efa", action="store_true", help="also run fi_info -p efa")
     probe.add_argument(
+        "--check-fabric",
+        action="store_true",
+        help="on an HPU node, also run fi_info -p efa and -p verbs (with the ranks' LD_LIBRARY_PATH)",
+    )
+    probe.add_argument(
         "--stage", metavar="JOB_ID", help="create this job's directory, private file from stdin"
     )
     probe.add_argument("--job-root", default=DEFAULT_JOB_ROOT, help=f"default {DEFAULT_JOB_ROOT}")
@@ -270,7 +275,15 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "probe":
         from gaudi_cluster import probe
 
-        return probe.run(args.path, args.accelerator, args.slots, args.check_efa, args.stage, args.job_root)
+        return probe.run(
+            args.path,
+            args.accelerator,
+            args.slots,
+            args.check_efa,
+            args.stage,
+            args.job_root,
+            args.check_fabric,
+        )
     if args.command == "hostfile":
         from gaudi_cluster.hostfile import read_hostfile, render_hostfile
 

@@ -33,6 +33,10 @@ def run_doctor(
         env_file.as_dict(),
         survey.paths,
     )
+    # Which scale-out path the ranks would take, and why (`auto` decides from the master's probe).
+    findings.append(
+        checks.Finding("cluster", "env preset", True, f"{env_file.preset} ({env_file.preset_reason})")
+    )
     if not json_only:
         out.write(checks.render_table(findings) + "\n\n")
     out.write(checks.render_json(findings) + "\n")
