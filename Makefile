@@ -18,7 +18,7 @@ NODES ?= 3
 export GAUDI_CLUSTER_IMAGE ?= $(IMAGE_CPU)
 
 .PHONY: help venv lint test test-unit test-train test-image test-cluster test-aws image image-cpu base-image \
-        wheelhouse keys demo up down logs bench clean image-gaudi image-dl1
+        wheelhouse keys demo up down logs bench clean image-gaudi image-dl1 ohabana-venv test-ohabana
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-14s %s\n", $$1, $$2}'
@@ -52,6 +52,12 @@ test-cluster: venv image-cpu ## real multi-container clusters that train
 
 test-aws: venv ## gaudi-cluster aws against moto (EC2/SSM emulator) and botocore's Stubber
 	$(PY) -m pytest -q tests/aws
+
+ohabana-venv: venv wheelhouse ## test-only venv with PROFILE's optimum-habana on CPU torch (build/ohabana-PROFILE)
+	PYTHON=$(PY) scripts/make-ohabana-venv.sh $(PROFILE)
+
+test-ohabana: venv wheelhouse ## the workload's GaudiTrainer branch on CPU through each profile's optimum-habana
+	$(PY) -m pytest -q tests/ohabana
 
 test: venv ## all tests (builds the cpu image; needs a Docker engine)
 	$(MAKE) image-cpu

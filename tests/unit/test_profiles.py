@@ -177,3 +177,12 @@ def test_image_profile_file(tmp_path):
     assert profiles.image_profile(tmp_path / "missing") is None
     (tmp_path / "PROFILE").write_text("dl1\n")
     assert profiles.image_profile(tmp_path / "PROFILE") == "dl1"
+
+
+@pytest.mark.parametrize("name", sorted(RAW["profiles"]))
+def test_the_optimum_habana_test_lock_pins_the_profile(name):
+    lock = (ROOT / "requirements" / f"ohabana-{name}.txt").read_text()
+    pins = dict(line.split("==") for line in lock.splitlines() if line.strip() and not line.startswith("#"))
+    normalized = {key.lower().replace("_", "-"): value for key, value in pins.items()}
+    for package, version in RAW["profiles"][name]["python_pins"].items():
+        assert normalized[package.lower().replace("_", "-")] == version, package
