@@ -34,8 +34,9 @@ venv: $(VENV)/.installed ## create .venv with the pinned tools and the package (
 lint: venv ## ruff, shellcheck, hadolint
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/shellcheck -x entrypoint/*.sh scripts/*.sh image/*.sh .ci/run bench/*.sh
-	$(VENV)/bin/hadolint Dockerfile
+	$(VENV)/bin/shellcheck -x entrypoint/*.sh scripts/*.sh image/*.sh .ci/run bench/*.sh \
+	  tests/cluster/hpu/hl-smi tests/cluster/hpu/fi_info tests/cluster/hpu/*.sh
+	$(VENV)/bin/hadolint Dockerfile tests/cluster/hpu/Dockerfile
 	$(PROFILES) check
 
 test-unit: venv ## pure unit tests (no Docker, no training)

@@ -194,8 +194,10 @@ def _driver_findings(host: str, report: Mapping[str, Any]) -> list[Finding]:
     fitting = [p.name for p in matrix.profiles.values() if p.synapse_release == profiles.release(version)]
     fix = f"install the {profile.synapse_release}.x driver on {host}"
     fix += f", or run the {fitting[0]} profile's image (make image PROFILE={fitting[0]})" if fitting else ""
+    node = f"{host} ({report['hostname']})" if report.get("hostname") not in (None, host) else host
     detail = (
-        f"host driver {version} does not match the image's Synapse {profile.synapse_version} (profile {name})"
+        f"host driver {version} on {node} does not match the image's Synapse "
+        f"{profile.synapse_version} (profile {name})"
     )
     return [Finding(host, "driver", False, detail, fix)]
 

@@ -34,9 +34,8 @@ def run_doctor(
         survey.paths,
     )
     # Which scale-out path the ranks would take, and why (`auto` decides from the master's probe).
-    findings.append(
-        checks.Finding("cluster", "env preset", True, f"{env_file.preset} ({env_file.preset_reason})")
-    )
+    preset = f"{env_file.preset} ({env_file.preset_reason})"
+    findings.append(checks.Finding(survey.hosts[0], "env preset", True, preset))
     if not json_only:
         out.write(checks.render_table(findings) + "\n\n")
     out.write(checks.render_json(findings) + "\n")

@@ -182,7 +182,9 @@ def test_a_driver_mismatch_blocks_naming_the_node_and_both_versions():
     found = findings({"w1": hpu_report(), "w2": hpu_report(driver_version="1.21.0-555")})
     (bad,) = [f for f in of(found, "driver") if not f.ok]
     assert bad.host == "w2" and bad.blocking
-    assert "host driver 1.21.0-555" in bad.detail and "Synapse 1.22.0 (profile gaudi)" in bad.detail
+    assert bad.detail == (
+        "host driver 1.21.0-555 on w2 (node) does not match the image's Synapse 1.22.0 (profile gaudi)"
+    )
     assert "install the 1.22.x driver on w2" in bad.fix and "make image PROFILE=dl1" in bad.fix
     assert [f.host for f in blocking(found)] == ["w2"]
 
