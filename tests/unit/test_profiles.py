@@ -164,6 +164,11 @@ def test_make_image_refuses_an_unknown_profile():
     assert "profile 'gaudi4' is unknown; fix: use one of gaudi, dl1" in done.stderr
 
 
+@pytest.mark.parametrize("doc", ["README.md", "docs/gaudi.md"])
+def test_the_docs_table_is_the_one_the_matrix_renders(doc):
+    assert profiles.markdown_table(profiles.load()) in (ROOT / doc).read_text()
+
+
 def test_unknown_profile_and_key_are_config_errors():
     matrix = profiles.load()
     with pytest.raises(ConfigError, match="fix:"):
