@@ -29,6 +29,9 @@ if [[ -f "$venv/.installed" && "$(cat "$venv/.installed")" == "$stamp" ]]; then
 	exit 0
 fi
 
+# PyPI's torch is the CUDA build: the CPU one comes from the cpu image's wheelhouse only.
+compgen -G "$root/build/wheelhouse/torch-*+cpu-*.whl" >/dev/null \
+	|| die "no CPU torch wheel in build/wheelhouse; fix: make wheelhouse"
 mkdir -p "$wheels"
 # The cpu image's wheels (torch's CPU build above all) are reused by hard link, never downloaded twice.
 find "$root/build/wheelhouse" -maxdepth 1 -name '*.whl' -exec ln -f -t "$wheels" {} + 2>/dev/null || true
