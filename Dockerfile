@@ -2,24 +2,45 @@
 #
 #   cpu    make image-cpu   Debian 12 + Debian's OpenMPI + a venv of requirements/cpu-image.txt installed
 #                           offline from build/wheelhouse (make wheelhouse). Builds anywhere, no registry.
-#   gaudi  make image       Habana pytorch-installer base (image/versions.env) + EFA, libfabric,
-#                           hccl_ofi_wrapper, Habana's DeepSpeed fork and optimum-habana. Needs the internet.
+#   gaudi  make image       Habana pytorch-installer base + hccl_ofi_wrapper, Habana's DeepSpeed fork and
+#          [PROFILE=dl1]    optimum-habana, all pinned per profile in app/gaudi_cluster/profiles.json
+#                           (gaudi: Gaudi 2/3, Synapse 1.22; dl1: first-gen Gaudi on AWS DL1, Synapse
+#                           1.21). Needs vault.habana.ai and the internet.
 #
 #   docker build -t gaudi-cluster:cpu --build-arg FLAVOR=cpu --build-arg BASE_IMAGE=gaudi-cluster/debian:bookworm .
-#   (gaudi: --build-arg FLAVOR=gaudi --build-arg DS_ACCELERATOR=hpu --build-arg BASE_IMAGE="$GAUDI_BASE_IMAGE")
+#   (gaudi: `make image DRY_RUN=1` prints the command with every build argument of the profile)
 #
 # Every stage derives from the one BASE_IMAGE, so the classic builder never needs another image.
 # Layers go from rarely to often changed: OS packages, Python packages, prebuilt ops, then the
 # entrypoint and the project code (app/) last, so editing app/ rebuilds in seconds.
 
 ARG BASE_IMAGE=gaudi-cluster/debian:bookworm
+ARG FLAVOR=cpu
+
+# ---- base: the flavor's environment on top of BASE_IMAGE ---------------------------------------------
+FROM ${BASE_IMAGE} AS base-cpu
+FROM ${BASE_IMAGE} AS base-gaudi
+# One libfabric: the one Habana's base image installs with the AWS EFA installer. The hccl_ofi_wrapper is
+# built against it and has no RPATH, so every process (HCCL, fi_info, the probe) finds it here, as the
+# wrapper's README asks; Habana's base leaves it off both paths.
+ARG LIBFABRIC_ROOT=/opt/amazon/efa
+ENV LIBFABRIC_ROOT=${LIBFABRIC_ROOT} \
+    PATH=${LIBFABRIC_ROOT}/bin:${PATH} \
+    LD_LIBRARY_PATH=${LIBFABRIC_ROOT}/lib${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}
 
 # ---- system: OS packages per flavor (no ssh host keys, no private keys) -----------------------------
-FROM ${BASE_IMAGE} AS system
+# base-cpu or base-gaudi: a stage of this file, not an image to pin.
+# hadolint ignore=DL3006
+FROM base-${FLAVOR} AS system
 ARG FLAVOR=cpu
 ARG DS_ACCELERATOR=cpu
+# gaudi only (make image passes them from the profile): what the base must be, and the wrapper's pin.
+ARG SYNAPSE_VERSION=""
+ARG HABANA_TORCH_PLUGIN_VERSION=""
+ARG HCCL_OFI_WRAPPER_COMMIT=""
+ARG HCCL_OFI_WRAPPER_INTERFACE=""
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-COPY image/versions.env image/install-system.sh image/build-hccl-ofi-wrapper.sh /opt/gaudi-cluster/image/
+COPY image/install-system.sh image/build-hccl-ofi-wrapper.sh image/check-hccl-ofi-wrapper.sh /opt/gaudi-cluster/image/
 RUN bash /opt/gaudi-cluster/image/install-system.sh "${FLAVOR}"
 
 # ---- python: the cpu venv, made offline from the wheelhouse (which stays out of the final image) -----
@@ -37,6 +58,13 @@ RUN bash /opt/gaudi-cluster/image/install-python.sh venv
 FROM system
 ARG FLAVOR=cpu
 ARG DS_ACCELERATOR=cpu
+# gaudi only (make image passes them from the profile): the Python packages on top of Habana's PyTorch.
+ARG PROFILE=""
+ARG PT_VERSION=""
+ARG HABANA_DEEPSPEED_REF=""
+ARG HABANA_DEEPSPEED_COMMIT_PREFIX=""
+ARG HABANA_DEEPSPEED_VERSION=""
+ARG PYTHON_PINS=""
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV PATH=/opt/venv/bin:${PATH} \
     TORCH_EXTENSIONS_DIR=/opt/torch-extensions \
@@ -44,8 +72,8 @@ ENV PATH=/opt/venv/bin:${PATH} \
     GAUDI_CLUSTER_FLAVOR=${FLAVOR} \
     PYTHONDONTWRITEBYTECODE=1
 COPY --from=python /opt/venv /opt/venv
-COPY image/install-python.sh image/versions.env /opt/gaudi-cluster/image/
-# runtime: .pth (app on sys.path), launchers; gaudi: DeepSpeed fork + optimum-habana.
+COPY image/install-python.sh /opt/gaudi-cluster/image/
+# runtime: .pth (app on sys.path), launchers; gaudi: DeepSpeed fork + optimum-habana, /opt/gaudi-cluster/PROFILE.
 # ops (cpu): DeepSpeed's shm comm op, compiled once here instead of by every rank at run time.
 RUN bash /opt/gaudi-cluster/image/install-python.sh runtime \
     && bash /opt/gaudi-cluster/image/install-python.sh ops
@@ -98,4 +126,5 @@ LABEL org.opencontainers.image.title="gaudi-cluster" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${GIT_REV}" \
       org.opencontainers.image.source="${SOURCE_URL}" \
-      io.gaudi-cluster.flavor="${FLAVOR}"
+      io.gaudi-cluster.flavor="${FLAVOR}" \
+      io.gaudi-cluster.profile="${PROFILE}"

@@ -9,13 +9,17 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 GIT_REV := $(shell git rev-parse --short HEAD 2>/dev/null || echo nogit)
 IMAGE_NAME ?= gaudi-cluster
 IMAGE_CPU ?= $(IMAGE_NAME):cpu
-IMAGE_GAUDI ?= $(IMAGE_NAME):gaudi
+# The gaudi flavor's pin set (app/gaudi_cluster/profiles.json): gaudi = Gaudi 2/3, dl1 = first-gen Gaudi (AWS DL1).
+PROFILE ?= gaudi
+# Stdlib only, so `make image` needs no venv on the build machine.
+PROFILES := PYTHONPATH=app python3 -m gaudi_cluster.profiles
 BASE_IMAGE_CPU ?= gaudi-cluster/debian:bookworm
 NODES ?= 3
 export GAUDI_CLUSTER_IMAGE ?= $(IMAGE_CPU)
 
 .PHONY: help venv lint test test-unit test-train test-image test-cluster test-aws test-slurm test-k8s image \
-        image-cpu base-image wheelhouse keys demo up down logs bench clean
+        image-cpu image-gaudi image-dl1 base-image wheelhouse keys demo up down logs bench clean ohabana-venv \
+        test-ohabana
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-14s %s\n", $$1, $$2}'
@@ -32,8 +36,10 @@ lint: venv ## ruff, shellcheck, hadolint
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/shellcheck -x entrypoint/*.sh scripts/*.sh image/*.sh .ci/run bench/*.sh \
-	  slurm/gaudi-cluster.sbatch tests/slurm/start-slurm.sh
-	$(VENV)/bin/hadolint Dockerfile tests/slurm/Dockerfile
+	  slurm/gaudi-cluster.sbatch tests/slurm/start-slurm.sh \
+	  tests/cluster/hpu/hl-smi tests/cluster/hpu/fi_info tests/cluster/hpu/*.sh
+	$(VENV)/bin/hadolint Dockerfile tests/slurm/Dockerfile tests/cluster/hpu/Dockerfile
+	$(PROFILES) check
 
 test-unit: venv ## pure unit tests (no Docker, no training)
 	$(PY) -m pytest -q tests/unit
@@ -56,6 +62,12 @@ test-slurm: venv image-cpu ## a real Slurm 22.05 cluster in containers runs slur
 test-k8s: venv image-cpu ## k8s/ rendered and schema-checked offline, and its runtime contract with Docker
 	$(PY) -m pytest -q tests/k8s
 
+ohabana-venv: venv wheelhouse ## test-only venv with PROFILE's optimum-habana on CPU torch (build/ohabana-PROFILE)
+	PYTHON=$(PY) scripts/make-ohabana-venv.sh $(PROFILE)
+
+test-ohabana: venv wheelhouse ## the workload's GaudiTrainer branch on CPU through each profile's optimum-habana
+	$(PY) -m pytest -q tests/ohabana
+
 test: venv ## all tests (builds the cpu image; needs a Docker engine)
 	$(MAKE) image-cpu
 	$(PY) -m pytest -q tests
@@ -71,10 +83,16 @@ image-cpu: base-image wheelhouse ## build the cpu flavor (offline)
 	  --build-arg FLAVOR=cpu --build-arg BASE_IMAGE=$(BASE_IMAGE_CPU) \
 	  --build-arg VERSION=$(VERSION) --build-arg GIT_REV=$(GIT_REV)
 
-image: ## build the gaudi flavor (needs vault.habana.ai and the internet)
-	source image/versions.env && docker build -t $(IMAGE_GAUDI) -t $(IMAGE_NAME):$(VERSION)-gaudi-$(GIT_REV) \
-	  --build-arg FLAVOR=gaudi --build-arg DS_ACCELERATOR=hpu --build-arg BASE_IMAGE="$$GAUDI_BASE_IMAGE" \
-	  --build-arg VERSION=$(VERSION) --build-arg GIT_REV=$(GIT_REV) .
+image: ## build the gaudi flavor of PROFILE (gaudi: Gaudi 2/3; dl1: AWS DL1); needs vault.habana.ai; DRY_RUN=1 prints
+	$(PROFILES) check
+	cmd="$$($(PROFILES) docker-build $(PROFILE) --image-name $(IMAGE_NAME) --version $(VERSION) --git-rev $(GIT_REV))"; \
+	if [[ "$${DRY_RUN:-0}" == 1 ]]; then printf '%s\n' "$$cmd"; else eval "$$cmd"; fi
+
+image-gaudi: ## make image PROFILE=gaudi (Gaudi 2 / Gaudi 3)
+	$(MAKE) image PROFILE=gaudi
+
+image-dl1: ## make image PROFILE=dl1 (first-gen Gaudi on AWS DL1, EFA)
+	$(MAKE) image PROFILE=dl1
 
 keys: ## make the cluster's ssh keypair in .keys/ (git-ignored, 0600)
 	scripts/make-keys.sh .keys

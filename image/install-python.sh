@@ -3,7 +3,9 @@
 #   venv      (builder stage)  cpu: check the wheelhouse against the lock, then make /opt/venv from it,
 #                              offline. gaudi: nothing to build (the base's Python is used); an empty
 #                              /opt/venv keeps the Dockerfile's COPY --from identical for both flavors.
-#   runtime   (final stage)    gaudi: Habana's DeepSpeed fork + optimum-habana (pinned in versions.env).
+#   runtime   (final stage)    gaudi: Habana's DeepSpeed fork + optimum-habana and its stack (the profile's
+#                              pins, build arguments from app/gaudi_cluster/profiles.json), checked: Habana's
+#                              torch untouched, the fork's version and commit; /opt/gaudi-cluster/PROFILE.
 #                              both: the .pth that puts /opt/gaudi-cluster/app on sys.path, the
 #                              `gaudi-cluster` and `gaudi_spawn.py` launchers.
 #   ops       (final stage)    cpu: compile DeepSpeed's shm comm op into $TORCH_EXTENSIONS_DIR so that
@@ -51,12 +53,49 @@ step_venv() {
 	"$VENV/bin/pip" check
 }
 
+# dist_version NAME: the installed version of a distribution (package metadata; nothing imported).
+dist_version() {
+	"$(python)" -c 'import importlib.metadata as m, sys; print(m.version(sys.argv[1]))' "$1"
+}
+
+# deepspeed_commit: the commit DeepSpeed's setup.py recorded when pip built it from the git checkout
+# (read from the file, because importing deepspeed on the build host would need an HPU accelerator).
+deepspeed_commit() {
+	"$(python)" - <<'PY'
+import importlib.util, pathlib, re
+spec = importlib.util.find_spec("deepspeed")
+text = (pathlib.Path(next(iter(spec.submodule_search_locations))) / "git_version_info_installed.py").read_text()
+match = re.search(r"git_hash\s*=\s*['\"]([0-9a-f]+)['\"]", text)
+print(match.group(1) if match else "unknown")
+PY
+}
+
 install_gaudi_packages() {
-	# shellcheck source=image/versions.env
-	source "$here/versions.env"
+	local name torch_before torch_after commit pins=()
+	for name in PROFILE PT_VERSION HABANA_DEEPSPEED_REF HABANA_DEEPSPEED_COMMIT_PREFIX HABANA_DEEPSPEED_VERSION PYTHON_PINS; do
+		[[ -n "${!name:-}" ]] || die "FLAVOR=gaudi needs --build-arg $name; fix: build with 'make image PROFILE=gaudi|dl1'"
+	done
+	torch_before="$(dist_version torch)"
+	[[ "$torch_before" == "$PT_VERSION"* ]] || die "the base image has torch $torch_before, the profile pins PyTorch $PT_VERSION"
+	read -r -a pins <<<"$PYTHON_PINS"
+	# HabanaAI/DeepSpeed publishes a branch per Synapse release, no tags. A profile pins a commit SHA where one
+	# is known; otherwise the branch name, and the commit check below fails the build if the branch moved.
 	PIP_NO_CACHE_DIR=1 "$(python)" -m pip install --disable-pip-version-check \
-		"git+https://github.com/HabanaAI/DeepSpeed.git@${HABANA_DEEPSPEED_REF}" \
-		"optimum-habana==${OPTIMUM_HABANA_VERSION}"
+		"deepspeed @ git+https://github.com/HabanaAI/DeepSpeed.git@${HABANA_DEEPSPEED_REF}" "${pins[@]}"
+	torch_after="$(dist_version torch)"
+	[[ "$torch_after" == "$torch_before" ]] \
+		|| die "installing the profile's packages replaced Habana's torch $torch_before with $torch_after; fix: pin packages that accept torch $PT_VERSION"
+	[[ "$(dist_version deepspeed)" == "$HABANA_DEEPSPEED_VERSION" ]] \
+		|| die "deepspeed $(dist_version deepspeed) installed, the profile expects $HABANA_DEEPSPEED_VERSION"
+	commit="$(deepspeed_commit)"
+	[[ ${#commit} -ge 7 && ("$commit" == "$HABANA_DEEPSPEED_COMMIT_PREFIX"* || "$HABANA_DEEPSPEED_COMMIT_PREFIX" == "$commit"*) ]] \
+		|| die "Habana's DeepSpeed at ${HABANA_DEEPSPEED_REF} is commit '$commit', the profile expects ${HABANA_DEEPSPEED_COMMIT_PREFIX}...; fix: check the branch and pin its commit in profiles.json"
+	for name in "${pins[@]}"; do
+		[[ "$(dist_version "${name%%==*}")" == "${name#*==}" ]] || die "${name%%==*} $(dist_version "${name%%==*}") installed, the profile pins ${name#*==}"
+	done
+	"$(python)" -m pip check || note "warning: pip check reports the conflicts above (the base image's own packages)"
+	printf '%s\n' "$PROFILE" >/opt/gaudi-cluster/PROFILE
+	note "profile $PROFILE: torch $torch_after, deepspeed $HABANA_DEEPSPEED_VERSION ($commit), ${pins[*]}"
 }
 
 step_runtime() {

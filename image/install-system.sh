@@ -2,9 +2,11 @@
 # install-system.sh: the operating-system layer of the image, per flavor. Runs inside `docker build`
 # (first RUN of the Dockerfile), as root, with FLAVOR and DS_ACCELERATOR from the build args.
 #   cpu    Debian 12: OpenMPI, libfabric tools, rdma-core, sshd, pdsh, tini, Python 3.11 + headers + g++.
-#   gaudi  Habana pytorch-installer (Ubuntu 22.04): EFA installer (container mode), libfabric built with
-#          SynapseAI support, hccl_ofi_wrapper, the ssh LD_PRELOAD wrapper, pdsh, tini.
+#   gaudi  Habana pytorch-installer (Ubuntu 22.04) of the profile's Synapse release, checked: its one
+#          libfabric (the base's EFA installer, $LIBFABRIC_ROOT), hccl_ofi_wrapper at the profile's commit
+#          with an ABI check, the ssh LD_PRELOAD wrapper, pdsh, tini; the base's sshd line in .bashrc removed.
 # Both: no ssh host keys in the layer (the entrypoint makes them at container start).
+# Sourceable: `source install-system.sh` defines the functions and runs nothing.
 set -Eeuo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -36,33 +38,60 @@ install_cpu() {
 		python3 python3-venv python3-dev g++
 }
 
-# The gaudi base ships OpenMPI (at $MPI_ROOT), openssh and Python; add what the cluster needs.
+# The gaudi base ships OpenMPI (at $MPI_ROOT), openssh, Python and, from its own run of the AWS EFA
+# installer, the one libfabric of the image ($LIBFABRIC_ROOT); add what the cluster needs.
 install_gaudi() {
-	# shellcheck source=image/versions.env
-	source "$here/versions.env"
-	[[ -n "${MPI_ROOT:-}" ]] || die "MPI_ROOT is not set by the base image $GAUDI_BASE_IMAGE; is BASE_IMAGE a Habana pytorch-installer image?"
+	local name
+	for name in SYNAPSE_VERSION HABANA_TORCH_PLUGIN_VERSION HCCL_OFI_WRAPPER_COMMIT HCCL_OFI_WRAPPER_INTERFACE LIBFABRIC_ROOT; do
+		[[ -n "${!name:-}" ]] || die "FLAVOR=gaudi needs --build-arg $name; fix: build with 'make image PROFILE=gaudi|dl1'"
+	done
+	[[ -n "${MPI_ROOT:-}" ]] || die "MPI_ROOT is not set by the base image; is BASE_IMAGE a Habana pytorch-installer image?"
 	[[ "${DS_ACCELERATOR:-}" == hpu ]] \
 		|| die "FLAVOR=gaudi needs --build-arg DS_ACCELERATOR=hpu (got '${DS_ACCELERATOR:-}'); 'make image' passes it"
-	apt_install ca-certificates curl openssh-server openssh-client pdsh tini iproute2 procps \
+	check_synapse_release
+	check_one_libfabric
+	apt_install ca-certificates curl git openssh-server openssh-client pdsh tini iproute2 procps \
 		build-essential bzip2 numactl ethtool
-	install_efa "$EFA_INSTALLER_VERSION"
 	bash "$here/build-hccl-ofi-wrapper.sh"
+	remove_bashrc_sshd
 	install_ssh_wrapper
 }
 
-# install_efa VERSION: AWS EFA user-space in container mode (no kernel module, no ulimit files,
-# no device check). Its loader and profile snippets are dropped so that the libfabric built by
-# build-hccl-ofi-wrapper.sh is the one on the loader path, as Habana's own images do.
-install_efa() {
-	local version="$1" dir
-	dir="$(mktemp -d)"
-	curl -fsSL "https://efa-installer.amazonaws.com/aws-efa-installer-${version}.tar.gz" | tar -xz -C "$dir"
-	export DEBIAN_FRONTEND=noninteractive
-	apt-get update -q
-	(cd "$dir/aws-efa-installer" && ./efa_installer.sh -y --skip-kmod --skip-limit-conf --no-verify)
-	apt-get clean
-	rm -rf /var/lib/apt/lists/* "$dir" /etc/ld.so.conf.d/efa.conf /etc/profile.d/efa.sh
-	ldconfig
+# check_synapse_release: the base is the profile's Synapse build (habana-torch-plugin is versioned
+# <release>.<build>), so a wrong BASE_IMAGE fails here instead of on the first HCCL call.
+check_synapse_release() {
+	local have
+	have="$(python3 -c 'import importlib.metadata as m; print(m.version("habana-torch-plugin"))' 2>/dev/null)" \
+		|| die "habana-torch-plugin is not installed in the base image; is BASE_IMAGE a Habana pytorch-installer image?"
+	[[ "$have" == "$HABANA_TORCH_PLUGIN_VERSION" ]] \
+		|| die "the base image has Synapse $have, the profile pins $HABANA_TORCH_PLUGIN_VERSION (Synapse $SYNAPSE_VERSION); fix: use the profile's base image (make image PROFILE=...)"
+	note "Synapse $have (habana-torch-plugin), as the profile pins"
+}
+
+# check_one_libfabric: the base's EFA installer put libfabric in $LIBFABRIC_ROOT; it is not run again
+# (a second run replaced it under the wrapper's feet). Other copies are named so that a reader of the
+# build log sees them; $LIBFABRIC_ROOT/lib comes first on LD_LIBRARY_PATH (Dockerfile ENV) either way.
+check_one_libfabric() {
+	[[ -e "$LIBFABRIC_ROOT/lib/libfabric.so.1" && -x "$LIBFABRIC_ROOT/bin/fi_info" ]] \
+		|| die "no libfabric in LIBFABRIC_ROOT=$LIBFABRIC_ROOT (lib/libfabric.so.1, bin/fi_info); fix: point the profile's libfabric_root at the base image's EFA installation"
+	[[ ":$LD_LIBRARY_PATH:" == *":$LIBFABRIC_ROOT/lib:"* ]] || die "$LIBFABRIC_ROOT/lib is not on LD_LIBRARY_PATH (Dockerfile ENV)"
+	"$LIBFABRIC_ROOT/bin/fi_info" --version
+	local other
+	other="$(find /usr /opt -xdev -name 'libfabric.so.1' -not -path "$LIBFABRIC_ROOT/*" 2>/dev/null | paste -sd ' ' -)"
+	[[ -z "$other" ]] || note "other libfabric copies (not on LD_LIBRARY_PATH before $LIBFABRIC_ROOT/lib): $other"
+}
+
+# remove_bashrc_sshd: Habana's base appends `/etc/init.d/ssh start "-p 3022"` to root's .bashrc and
+# comments out its interactivity guard, so every bash that sshd starts (each pdsh, mpirun and probe
+# session) would try to start sshd again. Drop that line; keep `source /etc/profile.d/habanalabs.sh`.
+remove_bashrc_sshd() {
+	local rc="${BASHRC:-/root/.bashrc}"
+	[[ -f "$rc" ]] || return 0
+	sed -i '\|^[[:space:]]*/etc/init\.d/ssh start|d' "$rc"
+	if grep -n 'init\.d/ssh' "$rc"; then
+		die "$rc still starts sshd (line above); fix: extend the sed in remove_bashrc_sshd"
+	fi
+	grep -q 'habanalabs' "$rc" || note "warning: $rc does not source the habanalabs profile"
 }
 
 # install_ssh_wrapper: the base preloads tcmalloc (LD_PRELOAD), which breaks ssh started by mpirun/pdsh;
@@ -100,4 +129,7 @@ main() {
 	note "done ($flavor)"
 }
 
-main "$@"
+# Sourced (tests): define the functions only.
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+	main "$@"
+fi

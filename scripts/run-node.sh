@@ -35,7 +35,8 @@ if [[ "${GAUDI_CLUSTER_PRIVILEGED:-1}" == 1 ]]; then
 else
 	# Hosts whose capability bounding set lacks CAP_SYS_RESOURCE refuse --privileged.
 	args+=(--cap-add ALL --cap-drop SYS_RESOURCE --security-opt seccomp=unconfined)
-	for device in /dev/infiniband/uverbs*; do
+	# rdma_cm too: librdmacm opens it (verbs and EFA connection setup).
+	for device in /dev/infiniband/uverbs* /dev/infiniband/rdma_cm; do
 		[[ -e "$device" ]] && args+=(--device "$device")
 	done
 fi

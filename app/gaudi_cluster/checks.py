@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from gaudi_cluster import presets, profiles
+
 MIN_FREE_SHM = 256 << 20
 COMPARED_PACKAGES = ("torch", "deepspeed", "transformers", "optimum-habana")
 
@@ -103,8 +105,11 @@ def _node_findings(
             )
         else:
             found.append(Finding(host, "interface", True, f"{socket_ifname} {addresses[socket_ifname][0]}"))
+    found += _hccl_interface_findings(host, report, env.get("HCCL_SOCKET_IFNAME"), socket_ifname)
+    if kind == "hpu":
+        found += _driver_findings(host, report)
     if env.get("HCCL_OVER_OFI") == "1":
-        found += _efa_findings(host, report)
+        found += _ofi_findings(host, report, presets.wanted_provider(env) or "efa")
     for path, exists in (report.get("paths") or {}).items():
         if path in required_paths and not exists:
             found.append(
@@ -148,42 +153,103 @@ def _node_findings(
     return found
 
 
-def _efa_findings(host: str, report: Mapping[str, Any]) -> list[Finding]:
+def _hccl_interface_findings(
+    host: str, report: Mapping[str, Any], hccl_ifname: str | None, checked: str | None
+) -> list[Finding]:
+    """HCCL_SOCKET_IFNAME must name an IPv4 interface on every node, and never a Gaudi NIC's netdev."""
+    if not hccl_ifname:
+        return []
+    interface = next((i for i in report.get("interfaces", []) if i.get("name") == hccl_ifname), None)
+    fix = "set --socket-ifname (GAUDI_CLUSTER_SOCKET_IFNAME) to a host interface present on every node"
+    if interface is not None and interface.get("driver") == presets.HABANA_DRIVER:
+        detail = f"HCCL_SOCKET_IFNAME={hccl_ifname} is a Gaudi NIC (habanalabs driver)"
+        return [Finding(host, "hccl interface", False, detail, fix)]
+    if hccl_ifname == checked:
+        return []  # the interface row above already covers it
+    if interface is None or not interface.get("addresses"):
+        detail = f"HCCL_SOCKET_IFNAME={hccl_ifname} missing or without an IPv4 address"
+        return [Finding(host, "hccl interface", False, detail, fix)]
+    return [Finding(host, "hccl interface", True, f"{hccl_ifname} {interface['addresses'][0]}")]
+
+
+def _driver_findings(host: str, report: Mapping[str, Any]) -> list[Finding]:
+    """The host driver against the image profile's Synapse release (mixing them is unsupported)."""
+    name = report.get("profile")
+    if not name:
+        return []
+    matrix = profiles.load()
+    if name not in matrix.profiles:
+        return [
+            Finding(host, "driver", False, f"image profile '{name}' is unknown here", "rebuild the image")
+        ]
+    profile = matrix.profile(name)
+    version = report.get("driver_version")
+    if not version:
+        detail = (
+            f"`hl-smi -Q driver_version` gave no version to compare with Synapse {profile.synapse_version}"
+        )
+        return [Finding(host, "driver", False, detail, "check hl-smi on the node", blocking=False)]
+    if profiles.release(version) == profile.synapse_release:
+        return [
+            Finding(
+                host, "driver", True, f"host driver {version}, image {name} Synapse {profile.synapse_version}"
+            )
+        ]
+    fitting = [p.name for p in matrix.profiles.values() if p.synapse_release == profiles.release(version)]
+    fix = f"install the {profile.synapse_release}.x driver on {host}"
+    fix += f", or run the {fitting[0]} profile's image (make image PROFILE={fitting[0]})" if fitting else ""
+    node = f"{host} ({report['hostname']})" if report.get("hostname") not in (None, host) else host
+    detail = (
+        f"host driver {version} on {node} does not match the image's Synapse "
+        f"{profile.synapse_version} (profile {name})"
+    )
+    return [Finding(host, "driver", False, detail, fix)]
+
+
+def _ofi_findings(host: str, report: Mapping[str, Any], provider: str) -> list[Finding]:
+    """HCCL over libfabric: uverbs devices, the provider the ranks need, and hccl_ofi_wrapper."""
     found = []
+    check = "efa" if provider == "efa" else "ofi"
     if not report.get("uverbs_devices"):
         found.append(
             Finding(
                 host,
-                "efa",
+                check,
                 False,
                 "HCCL_OVER_OFI=1 but no /dev/infiniband/uverbs* device",
                 "run the container with --privileged (or --device /dev/infiniband/uverbsN)",
             )
         )
-    if report.get("efa_provider") is False:
+    providers = report.get("fi_providers") or {}
+    available = providers.get(provider, report.get("efa_provider") if provider == "efa" else None)
+    if available is False:
+        fix = (
+            "check the EFA driver on the host and the security group"
+            if provider == "efa"
+            else f"use a libfabric with the {provider} provider (LIBFABRIC_ROOT); check the host NIC's driver"
+        )
         found.append(
             Finding(
                 host,
-                "efa",
+                check,
                 False,
-                "`fi_info -p efa` finds no EFA provider",
-                "check the EFA driver on the host and the security group",
+                f"`fi_info -p {provider}` finds no {'EFA' if provider == 'efa' else provider} provider",
+                fix,
             )
         )
     if not report.get("hccl_ofi_wrapper"):
         found.append(
             Finding(
                 host,
-                "efa",
+                check,
                 False,
                 "libhccl_ofi_wrapper.so not found",
                 "use the gaudi image (it builds hccl_ofi_wrapper) or add its dir to LD_LIBRARY_PATH",
             )
         )
     if not found:
-        found.append(
-            Finding(host, "efa", True, f"{len(report['uverbs_devices'])} uverbs devices, wrapper present")
-        )
+        detail = f"{len(report['uverbs_devices'])} uverbs devices, {provider} provider, wrapper present"
+        found.append(Finding(host, check, True, detail))
     return found
 
 

@@ -167,6 +167,11 @@ def _parsers() -> tuple[Parser, dict[str, argparse.ArgumentParser]]:
     probe.add_argument("--slots", type=_positive, default=None, help="ranks per node on cpu; default 1")
     probe.add_argument("--check-efa", action="store_true", help="also run fi_info -p efa")
     probe.add_argument(
+        "--check-fabric",
+        action="store_true",
+        help="on an HPU node, also run fi_info -p efa and -p verbs (with the ranks' LD_LIBRARY_PATH)",
+    )
+    probe.add_argument(
         "--stage", metavar="JOB_ID", help="create this job's directory, private file from stdin"
     )
     probe.add_argument("--output-dir", help="report the free space where the job will write")
@@ -309,6 +314,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             args.stage,
             args.job_root,
             args.output_dir,
+            args.check_fabric,
         )
     if args.command == "hostfile":
         from gaudi_cluster.hostfile import read_hostfile, render_hostfile

@@ -100,7 +100,7 @@ class ClusterConfig:
     master_port: int = setting(29500, port, "torch.distributed rendezvous port", "29600")
     control_port: int = setting(29400, port, "port of the master's job control channel", "29401")
     env_preset: str = setting(
-        "auto", choice("auto", "efa", "gaudinic", "cpu", "none"), ".deepspeed_env preset", "efa"
+        "auto", choice("auto", "efa", "gaudinic", "hostnic", "cpu", "none"), ".deepspeed_env preset", "efa"
     )
     env: tuple[tuple[str, str], ...] = setting(
         (),

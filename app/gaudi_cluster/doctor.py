@@ -36,6 +36,9 @@ def run_doctor(
         survey.paths,
         min_free_disk=config.min_free_disk,
     )
+    # Which scale-out path the ranks would take, and why (`auto` decides from the master's probe).
+    preset = f"{env_file.preset} ({env_file.preset_reason})"
+    findings.append(checks.Finding(survey.hosts[0], "env preset", True, preset))
     if not json_only:
         out.write(checks.render_table(findings) + "\n\n")
     out.write(checks.render_json(findings) + "\n")

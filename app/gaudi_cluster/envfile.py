@@ -91,6 +91,9 @@ class EnvFile:
     # Names the user's own .deepspeed_env files set, and those of them that replaced another value.
     from_user: tuple[str, ...] = field(default=(), compare=False)
     overridden: tuple[str, ...] = field(default=(), compare=False)
+    # The preset the job got (what `auto` chose), and why.
+    preset: str = field(default="", compare=False)
+    preset_reason: str = field(default="", compare=False)
 
     def as_dict(self) -> dict[str, str]:
         return dict(self.items)

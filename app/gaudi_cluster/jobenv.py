@@ -3,13 +3,15 @@
 Layers, later wins:
   1. the master's environment, allow-listed (secrets, and values pdsh would rewrite, are left out
      and reported by name);
-  2. the preset (`auto` picks efa | gaudinic | cpu | none) and the collective timeouts;
+  2. the preset (`auto` picks efa | gaudinic | cpu | none; hostnic when asked) and the collective
+     timeouts;
   3. the user's own .deepspeed_env files, read as DeepSpeed reads them: ~/NAME, then ./NAME, where
      NAME is $DS_ENV_FILE or .deepspeed_env;
   4. --env / GAUDI_CLUSTER_ENV;
   5. --env-pass NAME: the master's value of NAME, on purpose.
 Variables that must not appear on a command line (secrets) or would not survive pdsh and the remote
 shell verbatim go through the job's private file instead: 0600, on each node, read by the agent.
+HCCL_GAUDI_DIRECT without HCCL_OVER_OFI, from whichever layer, is refused (HCL would terminate).
 """
 
 from __future__ import annotations
@@ -36,13 +38,42 @@ DEFAULT_ENV_FILE_NAME = ".deepspeed_env"
 
 def auto_preset(accelerator: str, master_report: Mapping[str, Any]) -> str:
     """The preset for `--env-preset auto`, from the device kind and what the master's probe saw."""
+    return choose_preset("auto", accelerator, master_report)[0]
+
+
+def choose_preset(preset: str, accelerator: str, master_report: Mapping[str, Any]) -> tuple[str, str]:
+    """(the preset the job gets, why): `auto` follows the device kind and the master's probe. EFA (AWS
+    DL1) shows up as uverbs devices plus libfabric's efa provider; other HPU nodes scale out over their
+    Gaudi NICs. Host NICs (hostnic) are never guessed: they need a verbs-capable libfabric, so are asked
+    for."""
+    if preset != "auto":
+        return preset, "asked for (--env-preset)"
     if accelerator == "cpu":
-        return "cpu"
-    if accelerator == "hpu":
-        # EFA shows up as uverbs devices plus a working efa provider (AWS DL1); else Gaudi NICs.
-        efa = master_report.get("uverbs_devices") and master_report.get("efa_provider")
-        return "efa" if efa else "gaudinic"
-    return "none"
+        return "cpu", "auto: cpu ranks"
+    if accelerator != "hpu":
+        return "none", f"auto: {accelerator} ranks"
+    uverbs, efa = master_report.get("uverbs_devices"), master_report.get("efa_provider")
+    if uverbs and efa:
+        return "efa", "auto: EFA uverbs devices and libfabric's efa provider on the master"
+    if not uverbs:
+        return "gaudinic", "auto: no /dev/infiniband/uverbs* on the master, so no EFA"
+    if efa is None:
+        return "gaudinic", "auto: the master's probe has no fi_info to look for EFA"
+    return "gaudinic", "auto: uverbs devices but libfabric has no efa provider on the master"
+
+
+def check_gaudi_direct(values: Mapping[str, str], origin: Callable[[str], str]) -> None:
+    """HCL terminates when HCCL_GAUDI_DIRECT is set without HCCL_OVER_OFI: refuse it before launch."""
+    if "HCCL_GAUDI_DIRECT" not in values:
+        return
+    direct, over_ofi = values["HCCL_GAUDI_DIRECT"], values.get("HCCL_OVER_OFI")
+    if over_ofi is None or (direct == "1" and over_ofi != "1"):
+        shown = "unset" if over_ofi is None else f"{over_ofi} ({origin('HCCL_OVER_OFI')})"
+        raise ConfigError(
+            f"HCCL_GAUDI_DIRECT={direct} ({origin('HCCL_GAUDI_DIRECT')}) with HCCL_OVER_OFI {shown}: HCCL "
+            "stops at start-up when Gaudi Direct is set without OFI; fix: also set HCCL_OVER_OFI=1 "
+            "(--env-preset hostnic sets both) or drop HCCL_GAUDI_DIRECT"
+        )
 
 
 def collective_timeouts(accelerator: str) -> dict[str, str]:
@@ -142,7 +173,7 @@ def job_env(
     user_files: Sequence[UserEnvFile] = (),
     env_pass: Sequence[str] = (),
 ) -> EnvFile:
-    chosen = auto_preset(accelerator, master_report) if preset == "auto" else preset
+    chosen, why = choose_preset(preset, accelerator, master_report)
     # build_env_file validates the extras; they are applied again below, above the user's files.
     base = build_env_file(environ, chosen, {**collective_timeouts(accelerator), **extra}, socket_ifname)
     private = private_values(user_files, env_pass, environ)
@@ -167,13 +198,29 @@ def job_env(
             public[name] = value
     for name in private:
         public.pop(name, None)
+
+    def origin(name: str) -> str:
+        if name in env_pass or name in extra:
+            return "--env-pass" if name in env_pass else "--env / GAUDI_CLUSTER_ENV"
+        files = [f.path for f in user_files if name in dict(f.values)]
+        if files:
+            return files[-1]
+        return (
+            f"env preset '{chosen}'"
+            if name in PRESETS[chosen](environ, socket_ifname)
+            else "the master's env"
+        )
+
+    check_gaudi_direct({**public, **private}, origin)
     kept = set(env_pass) | set(from_user) | set(extra)
     return EnvFile(
         items=tuple(sorted(public.items())),
-        dropped=tuple((name, why) for name, why in dropped if name not in kept),
+        dropped=tuple((name, reason) for name, reason in dropped if name not in kept),
         private=tuple(sorted(private.items())),
         from_user=tuple(from_user),
         overridden=tuple(overridden),
+        preset=chosen,
+        preset_reason=why,
     )
 
 
@@ -199,4 +246,6 @@ def describe(env: EnvFile, user_files: Sequence[UserEnvFile]) -> list[str]:
         fix = f"--env-pass {' --env-pass '.join(secrets)} to forward secrets on purpose" if secrets else ""
         fix += ("; " if fix else "") + "--env NAME=value to set a value the ranks can receive"
         lines.append(f"warning: not forwarded to the ranks: {names}; fix: {fix}")
+    if env.preset:
+        lines.append(f"env preset: {env.preset} ({env.preset_reason})")
     return lines

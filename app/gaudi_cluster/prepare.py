@@ -82,7 +82,8 @@ def job_env_for(
         accelerator=accelerator,
         master_report=survey.master_report,
         environ=environ,
-        socket_ifname=survey.socket_ifname,
+        # HCCL's socket interface is never the seed's first-interface guess (see presets).
+        socket_ifname=survey.hccl_socket_ifname if accelerator == "hpu" else survey.socket_ifname,
         extra=dict(config.env),
         user_files=user_files,
         env_pass=config.env_pass,

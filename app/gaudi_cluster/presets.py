@@ -1,12 +1,30 @@
 """The .deepspeed_env presets: what each scale-out path needs on every rank. Pure tables.
 
+  efa       first-gen Gaudi on AWS DL1: HCCL over libfabric's EFA provider (the dl1 profile).
+  gaudinic  Gaudi 2/3 scaling out over their own NIC ports: Habana's runtime paths only.
+  hostnic   Gaudi 2/3 over host IB/RoCE NICs through libfabric verbs with Gaudi Direct (Habana's
+            "Scale-out via Host NIC"): HCCL_OVER_OFI=1, HCCL_GAUDI_DIRECT=1, libfabric's lib first.
+Every HPU preset carries Habana's runtime paths (a rank without GC_KERNEL_PATH fails its first graph
+compile). FI_PROVIDER is left alone: HCCL picks the provider itself (verbs before tcp).
+
+HCCL_SOCKET_IFNAME (the interface of HCCL's own sockets) is written only when given or derived from the
+route to the master (`hccl_socket_ifname`); unset, HCCL takes the first IPv4 interface whose name does
+not start with lo, docker or tunl and that is not a Gaudi NIC. The seed's rule, `default_socket_ifname`
+(first interface not starting with lo or docker), only picks the master's own address and gloo's socket.
+
 Which preset `auto` picks, and how presets, the master's environment and the user's own variables
-are merged, is decided in `envfile`.
+are merged, is decided in `jobenv`.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+DEFAULT_LIBFABRIC_ROOT = "/opt/amazon/efa"
+OFI_WRAPPER_DIR = "/usr/lib/habanalabs"
+HABANA_DRIVER = "habanalabs"
 
 
 def _prepend_paths(first: Sequence[str], existing: str | None) -> str:
@@ -17,17 +35,48 @@ def _prepend_paths(first: Sequence[str], existing: str | None) -> str:
     return ":".join(parts)
 
 
-def preset_efa(
-    environ: Mapping[str, str], socket_ifname: str | None, *, ofi_wrapper_dir: str = "/usr/lib/habanalabs"
-) -> dict[str, str]:
+def libfabric_root(environ: Mapping[str, str]) -> str:
+    """The image's one libfabric (the gaudi image sets LIBFABRIC_ROOT from its profile)."""
+    return environ.get("LIBFABRIC_ROOT") or DEFAULT_LIBFABRIC_ROOT
+
+
+def fabric_ld_library_path(environ: Mapping[str, str]) -> str:
+    """The ranks' LD_LIBRARY_PATH on the OFI paths: libfabric's lib first (hccl_ofi_wrapper has no
+    RPATH), then the wrapper and OpenMPI; the probe runs fi_info with the same value."""
+    return _prepend_paths(
+        [f"{libfabric_root(environ)}/lib", OFI_WRAPPER_DIR, "/opt/amazon/openmpi/lib"],
+        environ.get("LD_LIBRARY_PATH"),
+    )
+
+
+def _habana_runtime(environ: Mapping[str, str]) -> dict[str, str]:
+    # The image's own values win: the defaults only cover an environment that lacks them.
+    return {k: environ.get(k) or v for k, v in GAUDINIC_DEFAULTS.items()}
+
+
+def preset_efa(environ: Mapping[str, str], socket_ifname: str | None) -> dict[str, str]:
     out = {
+        **_habana_runtime(environ),
         "HCCL_OVER_OFI": "1",
-        "LD_LIBRARY_PATH": _prepend_paths(
-            [ofi_wrapper_dir, "/opt/amazon/openmpi/lib", "/opt/amazon/efa/lib"],
-            environ.get("LD_LIBRARY_PATH"),
-        ),
+        "LD_LIBRARY_PATH": fabric_ld_library_path(environ),
         "FI_EFA_USE_DEVICE_RDMA": "1",
         "RDMAV_FORK_SAFE": "1",
+    }
+    if socket_ifname:
+        out["HCCL_SOCKET_IFNAME"] = socket_ifname
+    return out
+
+
+def preset_hostnic(environ: Mapping[str, str], socket_ifname: str | None) -> dict[str, str]:
+    # Gaudi Direct over verbs also wants MLX5_SCATTER_TO_CQE=0 and fork safety (Habana's host-NIC page);
+    # HCL sets both itself when unset, they are written here so that the env file says what runs.
+    out = {
+        **_habana_runtime(environ),
+        "HCCL_OVER_OFI": "1",
+        "HCCL_GAUDI_DIRECT": "1",
+        "LD_LIBRARY_PATH": fabric_ld_library_path(environ),
+        "RDMAV_FORK_SAFE": "1",
+        "MLX5_SCATTER_TO_CQE": "0",
     }
     if socket_ifname:
         out["HCCL_SOCKET_IFNAME"] = socket_ifname
@@ -44,8 +93,7 @@ GAUDINIC_DEFAULTS: dict[str, str] = {
 
 
 def preset_gaudinic(environ: Mapping[str, str], socket_ifname: str | None) -> dict[str, str]:
-    # The image's own values win: the defaults only cover an environment that lacks them.
-    out = {k: environ.get(k) or v for k, v in GAUDINIC_DEFAULTS.items()}
+    out = _habana_runtime(environ)
     if socket_ifname:
         out["HCCL_SOCKET_IFNAME"] = socket_ifname
     return out
@@ -65,6 +113,7 @@ def preset_none(environ: Mapping[str, str], socket_ifname: str | None) -> dict[s
 PRESETS: dict[str, Callable[[Mapping[str, str], str | None], dict[str, str]]] = {
     "efa": preset_efa,
     "gaudinic": preset_gaudinic,
+    "hostnic": preset_hostnic,
     "cpu": preset_cpu,
     "none": preset_none,
 }
@@ -76,3 +125,44 @@ def default_socket_ifname(ifnames: Sequence[str]) -> str | None:
         if not name.startswith(("lo", "docker")):
             return name
     return None
+
+
+def route_ifname(route_json: str, address: str, interfaces: Sequence[Mapping[str, Any]]) -> str | None:
+    """The interface of `ip -j route get ADDRESS`; for an address of this host (routed through lo),
+    the interface that holds it, which is the one the other nodes reach it on."""
+    try:
+        routes = json.loads(route_json or "[]")
+        dev = str(routes[0]["dev"]) if routes else None
+    except (ValueError, KeyError, TypeError, IndexError):
+        return None
+    if dev is None or not dev.startswith("lo"):
+        return dev
+    for interface in interfaces:
+        if address in interface.get("addresses", []) and not str(interface.get("name", "")).startswith("lo"):
+            return str(interface["name"])
+    return None
+
+
+def hccl_socket_ifname(route_dev: str | None, interfaces: Sequence[Mapping[str, Any]]) -> str | None:
+    """HCCL_SOCKET_IFNAME when none is given: the interface that routes to the master, unless it is
+    loopback, has no IPv4 address, or is a Gaudi NIC (bound to habanalabs, whose L3 mode gives it an
+    IPv4 address). None leaves HCCL its own choice."""
+    if not route_dev or route_dev.startswith("lo"):
+        return None
+    for interface in interfaces:
+        if interface.get("name") == route_dev:
+            if interface.get("driver") == HABANA_DRIVER or not interface.get("addresses"):
+                return None
+            return route_dev
+    return None
+
+
+def wanted_provider(env: Mapping[str, str]) -> str | None:
+    """The libfabric provider the ranks' HCCL will need, judged from their variables (None: not OFI)."""
+    if env.get("HCCL_OVER_OFI") != "1":
+        return None
+    if env.get("FI_PROVIDER"):
+        return env["FI_PROVIDER"].split(";")[0].split(",")[0]
+    if "FI_EFA_USE_DEVICE_RDMA" in env or env.get("HCCL_GAUDI_DIRECT") != "1":
+        return "efa"
+    return "verbs"

@@ -14,11 +14,11 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gaudi_cluster import devices, jobdir
+from gaudi_cluster import devices, jobdir, presets, profiles
 from gaudi_cluster.errors import ConfigError
 
 PACKAGES = ("torch", "deepspeed", "transformers", "optimum-habana", "habana-torch-plugin")
@@ -37,18 +37,37 @@ def package_versions() -> dict[str, str | None]:
 
 
 def interfaces() -> list[dict[str, Any]]:
-    """Interfaces in kernel (ifindex) order with their IPv4 addresses."""
+    """Interfaces in kernel (ifindex) order with their IPv4 addresses, and the kernel driver of those
+    backed by a device (a Gaudi NIC's is habanalabs)."""
     try:
         out = subprocess.run(
             ["ip", "-j", "-4", "addr", "show"], capture_output=True, text=True, timeout=5, check=True
         ).stdout
-        return [
+        found = [
             {"name": entry["ifname"], "addresses": [a["local"] for a in entry.get("addr_info", [])]}
             for entry in sorted(json.loads(out), key=lambda e: e.get("ifindex", 0))
         ]
     except (OSError, subprocess.SubprocessError, ValueError, KeyError):
         names = sorted(os.listdir("/sys/class/net")) if os.path.isdir("/sys/class/net") else []
-        return [{"name": name, "addresses": []} for name in names]
+        found = [{"name": name, "addresses": []} for name in names]
+    driver_of = devices.sysfs_driver(devices.sysfs_root(os.environ))
+    for interface in found:
+        driver = driver_of(f"class/net/{interface['name']}")
+        if driver:
+            interface["driver"] = driver
+    return found
+
+
+def route_ifname(address: str, local_interfaces: Sequence[Mapping[str, Any]]) -> str | None:
+    """The interface this node reaches ADDRESS (a name or an IPv4 address) through: `ip route get`."""
+    try:
+        ip = socket.getaddrinfo(address, None, socket.AF_INET)[0][4][0]
+        out = subprocess.run(
+            ["ip", "-j", "route", "get", str(ip)], capture_output=True, text=True, timeout=5, check=True
+        ).stdout
+    except (OSError, IndexError, subprocess.SubprocessError):
+        return None
+    return presets.route_ifname(out, str(ip), local_interfaces)
 
 
 def _free_bytes(path: str) -> int | None:
@@ -67,17 +86,14 @@ def _hccl_ofi_wrapper() -> str | None:
     return None
 
 
-def _efa_provider_ok() -> bool | None:
-    fi_info = shutil.which("fi_info") or next(iter(glob.glob("/opt/amazon/efa/bin/fi_info")), None)
-    if not fi_info:
-        return None
-    try:
-        return (
-            subprocess.run([fi_info, "-p", "efa"], capture_output=True, timeout=10, check=False).returncode
-            == 0
-        )
-    except (OSError, subprocess.SubprocessError):
-        return False
+def _fi_info(environ: dict[str, str]) -> str | None:
+    """The image's libfabric's fi_info ($LIBFABRIC_ROOT/bin first, as the image's PATH has it)."""
+    own = Path(presets.libfabric_root(environ)) / "bin" / "fi_info"
+    if own.is_file():
+        return str(own)
+    return shutil.which("fi_info", path=environ.get("PATH")) or next(
+        iter(glob.glob("/opt/amazon/efa/bin/fi_info")), None
+    )
 
 
 def _existing_ancestor(path: str) -> str:
@@ -88,20 +104,44 @@ def _existing_ancestor(path: str) -> str:
     return str(current)
 
 
+def fi_providers(names: Sequence[str], environ: dict[str, str]) -> dict[str, bool | None]:
+    """Whether `fi_info -p NAME` finds each provider, run with the ranks' LD_LIBRARY_PATH (so with the
+    libfabric HCCL will load); None for every name when there is no fi_info."""
+    fi_info = _fi_info(environ)
+    env = {**environ, "LD_LIBRARY_PATH": presets.fabric_ld_library_path(environ)}
+    found: dict[str, bool | None] = {}
+    for name in names:
+        if not fi_info:
+            found[name] = None
+            continue
+        try:
+            done = subprocess.run(
+                [fi_info, "-p", name], capture_output=True, text=True, timeout=10, check=False, env=env
+            )
+            found[name] = done.returncode == 0 and devices.fi_info_has_provider(done.stdout, name)
+        except (OSError, subprocess.SubprocessError):
+            found[name] = False
+    return found
+
+
 def probe(
     paths: Sequence[str],
     accelerator: str,
     cpu_slots: int | None,
     check_efa: bool,
     output_dir: str | None = None,
+    check_fabric: bool = False,
 ) -> dict[str, Any]:
+    """check_efa: run `fi_info -p efa` whatever the node; check_fabric: on an HPU node, also see which of
+    the efa and verbs providers its libfabric offers (what `--env-preset auto` and hostnic need)."""
     environ = dict(os.environ)
-    kind = devices.detect_accelerator(environ) if accelerator == "auto" else accelerator
+    driver_of = devices.sysfs_driver(devices.sysfs_root(environ))
+    kind = devices.detect_accelerator(environ, driver_of=driver_of) if accelerator == "auto" else accelerator
     report: dict[str, Any] = {
         "hostname": socket.gethostname(),
         "python": sys.executable,
         "accelerator": kind,
-        "slots": devices.detect_slots(kind, environ, cpu_slots=cpu_slots),
+        "slots": devices.detect_slots(kind, environ, cpu_slots=cpu_slots, driver_of=driver_of),
         "versions": package_versions(),
         "build_id": BUILD_ID_FILE.read_text().strip() if BUILD_ID_FILE.exists() else None,
         "interfaces": interfaces(),
@@ -111,9 +151,16 @@ def probe(
         "free_shm_bytes": _free_bytes("/dev/shm"),
         "uverbs_devices": sorted(glob.glob("/dev/infiniband/uverbs*")),
         "hccl_ofi_wrapper": _hccl_ofi_wrapper(),
+        "profile": profiles.image_profile(),
     }
-    if check_efa:
-        report["efa_provider"] = _efa_provider_ok()
+    if kind == "hpu":
+        report["driver_version"] = devices.driver_version(devices.default_run)
+    wanted = ["efa"] if check_efa else []
+    if check_fabric and kind == "hpu":
+        wanted = ["efa", "verbs"]
+    if wanted:
+        report["fi_providers"] = fi_providers(wanted, environ)
+        report["efa_provider"] = report["fi_providers"]["efa"]
     return report
 
 
@@ -125,6 +172,7 @@ def run(
     stage_job: str | None,
     job_root: str,
     output_dir: str | None = None,
+    check_fabric: bool = False,
 ) -> int:
     """`gaudi-cluster probe`: stage the job's directory (private payload on stdin) if asked, then report."""
     if stage_job:
@@ -135,5 +183,7 @@ def run(
                 "probe --stage: stdin is not the master's JSON payload; fix: let the master run it"
             ) from None
         jobdir.stage(job_root, stage_job, payload)
-    print(json.dumps(probe(paths, accelerator, cpu_slots, check_efa, output_dir), sort_keys=True))
+    print(
+        json.dumps(probe(paths, accelerator, cpu_slots, check_efa, output_dir, check_fabric), sort_keys=True)
+    )
     return 0

@@ -58,6 +58,9 @@ class NodeSurvey:
             ssh.close_connections(self.hosts, self.ssh_config)
             shutil.rmtree(self.control_dir, ignore_errors=True)
 
+    # HCCL_SOCKET_IFNAME for the HPU presets: given, or the interface routing to the master; None: HCCL's.
+    hccl_socket_ifname: str | None = None
+
     @property
     def master_report(self) -> Mapping[str, Any]:
         return self.reports.get(self.master_addr) or self.reports.get(self.hosts[0], {})
@@ -178,6 +181,7 @@ def survey_nodes(
         "hosts": nodes.hosts,
         "requested_slots": nodes.requested_slots,
         "local": local,
+        "hccl_socket_ifname": _hccl_socket_ifname(config, nodes.master_addr, local_interfaces, local),
     }
 
     if config.dry_run:
@@ -200,7 +204,14 @@ def survey_nodes(
         job_dir = jobdir.create(config.job_root, job_id)
         if private is not None:
             jobdir.write_private(job_dir, private)
-        report = probe.probe(paths, config.accelerator, None, _check_efa(config, environ), output_dir)
+        report = probe.probe(
+            paths,
+            config.accelerator,
+            None,
+            _check_efa(config, environ),
+            output_dir,
+            _check_fabric(config, environ),
+        )
         return NodeSurvey(
             job_id=job_id,
             job_dir=job_dir,
@@ -243,6 +254,21 @@ def _check_efa(config: ClusterConfig, environ: Mapping[str, str]) -> bool:
     return environ.get("HCCL_OVER_OFI") == "1" or config.env_preset == "efa"
 
 
+def _hccl_socket_ifname(
+    config: ClusterConfig, master_addr: str, local_interfaces: Sequence[Mapping[str, Any]], local: bool
+) -> str | None:
+    """Given, else (across nodes, on HPU) the interface that routes to the master, never a Gaudi NIC."""
+    if config.socket_ifname or local or config.accelerator not in ("auto", "hpu"):
+        return config.socket_ifname
+    route = probe.route_ifname(master_addr, local_interfaces)
+    return presets.hccl_socket_ifname(route, local_interfaces)
+
+
+def _check_fabric(config: ClusterConfig, environ: Mapping[str, str]) -> bool:
+    """Whether HPU nodes report their libfabric providers: `auto` picks efa only when it sees one."""
+    return config.accelerator in ("auto", "hpu") and config.env_preset in ("auto", "efa", "hostnic")
+
+
 def probe_nodes(
     config: ClusterConfig,
     hosts: Sequence[str],
@@ -268,6 +294,8 @@ def probe_nodes(
         command += ["--output-dir", output_dir]
     if _check_efa(config, environ):
         command.append("--check-efa")
+    if _check_fabric(config, environ):
+        command.append("--check-fabric")
     timeout = max(10.0, deadline - time.monotonic())
     stdin = json.dumps(dict(payload)) if payload is not None else None
     results = ssh.run_on_hosts(hosts, command, ssh_config, timeout, stdin=stdin)

@@ -96,7 +96,26 @@ def with_run_defaults(argv: list[str], choice: device.DeviceChoice) -> list[str]
     if choice.kind == "cpu" and device.flag_value(argv, "use_cpu") is None:
         # accelerate only sets up a CPU process group (gloo) when told it is on CPU, DeepSpeed included
         argv = [*argv, "--use_cpu"]
+    if choice.gaudi and choice.kind == "cpu":
+        # GaudiTrainingArguments off HPU: lazy mode (default on) and a GaudiConfig name are refused there;
+        # the name is read by device.gaudi_trainer_kwargs instead.
+        argv = drop_flag(argv, "gaudi_config_name")
+        if device.flag_value(argv, "use_lazy_mode") is None:
+            argv = [*argv, "--use_lazy_mode", "false"]
     return argv
+
+
+def drop_flag(argv: list[str], name: str) -> list[str]:
+    """argv without ``--name V`` / ``--name=V``."""
+    out, flag, skip = [], f"--{name}", False
+    for i, tok in enumerate(argv):
+        if skip:
+            skip = False
+        elif tok == flag:
+            skip = i + 1 < len(argv) and not argv[i + 1].startswith("--")
+        elif not tok.startswith(flag + "="):
+            out.append(tok)
+    return out
 
 
 def spans_hosts(env: dict[str, str]) -> int:

@@ -4,6 +4,9 @@
   optimum-habana's ``GaudiTrainingArguments`` / ``GaudiTrainer`` / ``GaudiConfig`` (as its run_clm does).
 * Otherwise: transformers' ``TrainingArguments`` / ``Trainer`` on CUDA when present, else on CPU.
 * ``--use_habana`` without an HPU is an error (exit 2), never a silent CPU run.
+* ``GAUDI_CLUSTER_GAUDI_STACK_ON_CPU=1`` (tests): optimum-habana's stack on CPU (``use_cpu``, no lazy mode,
+  ``--gaudi_config_name`` read here as a local file or hub name, since ``GaudiTrainingArguments`` refuses
+  it off HPU), so that the workload's Gaudi branch runs against the pinned optimum-habana without a Gaudi.
 * Off Gaudi, the Habana-only flags (``--use_habana`` false, ``--use_lazy_mode``, ``--gaudi_config_name``,
   ``--throughput_warmup_steps``, ``--adjust_throughput``) still parse (``train.arguments.HabanaArguments``);
   the ones that do nothing there are ignored with one log line.
@@ -23,6 +26,8 @@ from typing import Any
 from train.errors import UsageError
 
 log = logging.getLogger("train.device")
+
+GAUDI_STACK_ON_CPU = "GAUDI_CLUSTER_GAUDI_STACK_ON_CPU"
 
 # The one set of words that switch a flag or a variable of the workload off (what HfArgumentParser reads
 # as false, plus "off"); any other non-empty word switches it on.
@@ -91,6 +96,12 @@ def habana_present() -> bool:
 
 def choose(argv: list[str]) -> DeviceChoice:
     """Decide before argument parsing (the parser's dataclasses depend on it)."""
+    if env_true(GAUDI_STACK_ON_CPU):
+        if flag_true(argv, "use_habana"):
+            raise UsageError(
+                f"--use_habana with {GAUDI_STACK_ON_CPU}=1: the Gaudi stack runs on CPU; drop one"
+            )
+        return DeviceChoice("cpu", True)
     if flag_true(argv, "use_habana"):
         if flag_true(argv, "use_lazy_mode") or flag_value(argv, "use_lazy_mode") is None:
             # optimum-habana wants lazy mode chosen before habana_frameworks is imported
@@ -139,13 +150,18 @@ def set_seed(choice: DeviceChoice, seed: int) -> None:
     stack_set_seed(seed)
 
 
-def gaudi_trainer_kwargs(choice: DeviceChoice, training_args: Any, cache_dir: str | None) -> dict[str, Any]:
-    """Extra Trainer kwargs: the GaudiConfig on Gaudi (name or local path, like optimum-habana's run_clm)."""
+def gaudi_trainer_kwargs(
+    choice: DeviceChoice, training_args: Any, cache_dir: str | None, argv: list[str] | None = None
+) -> dict[str, Any]:
+    """Extra Trainer kwargs: the GaudiConfig on Gaudi (name or local path, like optimum-habana's run_clm).
+    Off HPU the name comes from the command line (``GaudiTrainingArguments`` refuses it there)."""
     if not choice.gaudi:
         return {}
     from optimum.habana import GaudiConfig  # type: ignore[import-not-found]
 
-    name = training_args.gaudi_config_name
+    name = training_args.gaudi_config_name or (
+        flag_value(argv or [], "gaudi_config_name") if choice.kind == "cpu" else None
+    )
     gaudi_config = GaudiConfig.from_pretrained(name, cache_dir=cache_dir) if name else GaudiConfig()
     return {"gaudi_config": gaudi_config}
 

@@ -136,7 +136,7 @@ def run(argv: list[str]) -> int:
         processing_class=tokenizer,
         data_collator=default_data_collator,
         callbacks=[callback],
-        **device.gaudi_trainer_kwargs(choice, training_args, model_args.cache_dir),
+        **device.gaudi_trainer_kwargs(choice, training_args, model_args.cache_dir, argv),
     )
     trainer.cluster_log_hook = callback.augment_logs
     emit(

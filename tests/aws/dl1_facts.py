@@ -8,22 +8,23 @@ from __future__ import annotations
 
 DL1 = "dl1.24xlarge"
 ACCOUNT = "123456789012"
-# Habana Deep Learning Base AMIs as moto serves them (owner alias "amazon"): two releases of the
-# image's SynapseAI and one of another release; the newest matching one must win.
+# Habana Deep Learning Base AMIs as moto serves them (owner alias "amazon"): two releases of the dl1
+# image's SynapseAI (1.21) and a newer one of another release (1.22, no first-gen Gaudi); the newest
+# matching one must win.
 HABANA_AMIS = [
     {
         "ami_id": "ami-0a1b2c3d4e5f60001",
-        "name": "Deep Learning Base AMI Habana SynapseAI 1.22.0 (Ubuntu 22.04) 20250601",
+        "name": "Deep Learning Base AMI Habana SynapseAI 1.21.0 (Ubuntu 22.04) 20250601",
         "creation_date": "2025-06-01T00:00:00.000Z",
     },
     {
         "ami_id": "ami-0a1b2c3d4e5f60002",
-        "name": "Deep Learning Base AMI Habana SynapseAI 1.22.1 (Ubuntu 22.04) 20250801",
+        "name": "Deep Learning Base AMI Habana SynapseAI 1.21.1 (Ubuntu 22.04) 20250801",
         "creation_date": "2025-08-01T00:00:00.000Z",
     },
     {
         "ami_id": "ami-0a1b2c3d4e5f60003",
-        "name": "Deep Learning Base AMI Habana SynapseAI 1.21.0 (Ubuntu 22.04) 20250901",
+        "name": "Deep Learning Base AMI Habana SynapseAI 1.22.0 (Ubuntu 22.04) 20250901",
         "creation_date": "2025-09-01T00:00:00.000Z",
     },
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
-import re
+import json
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -83,11 +83,10 @@ def test_ssm_delivery_needs_no_ssh_but_an_instance_profile():
     assert ok.ssh_cidr is None
 
 
-def test_the_default_synapse_profile_is_the_images_release():
-    versions = (ROOT / "image" / "versions.env").read_text()
-    synapse = re.search(r"^SYNAPSE_VERSION=(\d+\.\d+)\.", versions, re.MULTILINE)
-    assert synapse is not None
-    assert synapse.group(1) == facts.SYNAPSE_PROFILE
+def test_the_default_synapse_profile_is_the_dl1_images_release():
+    matrix = json.loads((ROOT / "app" / "gaudi_cluster" / "profiles.json").read_text())
+    assert matrix["profiles"]["dl1"]["synapse"]["version"].rsplit(".", 1)[0] == facts.SYNAPSE_PROFILE
+    assert facts.DEFAULT_IMAGE == "gaudi-cluster:dl1"
 
 
 def test_the_ami_pattern_matches_its_release_only():

@@ -264,7 +264,7 @@ def test_the_newest_habana_base_ami_of_the_synapse_release_is_chosen(stubs):
         {
             "Owners": ["amazon"],
             "Filters": [
-                {"Name": "name", "Values": ["Deep Learning Base*Habana*Synapse*1.22.*"]},
+                {"Name": "name", "Values": ["Deep Learning Base*Habana*Synapse*1.21.*"]},
                 {"Name": "state", "Values": ["available"]},
                 {"Name": "architecture", "Values": ["x86_64"]},
             ],

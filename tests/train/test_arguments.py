@@ -158,6 +158,31 @@ def test_run_defaults_are_added_before_parsing() -> None:
     assert command_line.with_run_defaults(["--deepspeed", "{}"], cuda)[:2] == ["--deepspeed", "{}"]
 
 
+def test_the_gaudi_stack_on_cpu_leaves_out_what_gaudi_training_arguments_refuses_off_hpu() -> None:
+    gaudi_cpu = device.DeviceChoice("cpu", True)
+    argv = ["--gaudi_config_name", "/c/gaudi_config.json", "--do_train", "--gaudi_config_name=x"]
+    assert command_line.with_run_defaults(argv, gaudi_cpu) == [
+        "--do_train", "--report_to", "none", "--use_cpu", "--use_lazy_mode", "false",
+    ]  # fmt: skip
+    given = command_line.with_run_defaults(["--use_lazy_mode", "true"], gaudi_cpu)
+    assert given.count("--use_lazy_mode") == 1
+    # On an HPU the flags stay for GaudiTrainingArguments.
+    hpu = device.DeviceChoice("hpu", True)
+    assert command_line.with_run_defaults(["--gaudi_config_name", "Habana/gpt2"], hpu)[:2] == [
+        "--gaudi_config_name",
+        "Habana/gpt2",
+    ]
+
+
+def test_the_gaudi_stack_on_cpu_is_a_switch(monkeypatch) -> None:
+    monkeypatch.setenv(device.GAUDI_STACK_ON_CPU, "1")
+    assert device.choose(["--do_train"]) == device.DeviceChoice("cpu", True)
+    with pytest.raises(UsageError, match="drop one"):
+        device.choose(["--use_habana"])
+    monkeypatch.setenv(device.GAUDI_STACK_ON_CPU, "0")
+    assert device.choose(["--do_train"]).gaudi is False
+
+
 def test_unknown_deepspeed_config_names_the_bundled_ones() -> None:
     with pytest.raises(UsageError, match=r"--deepspeed nope: no such file; .*ds_cpu\.json"):
         command_line.resolve_config_file("nope", "--deepspeed")

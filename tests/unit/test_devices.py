@@ -16,6 +16,19 @@ from gaudi_cluster.errors import ConfigError
 GAUDI_DEV = ["accel0", "accel1", "accel_controlD0", "accel_controlD1", "accel2", "accel3"]
 
 
+def drivers(bound):
+    """A sysfs whose class/accel/accelN (and class/net/X) devices are bound as given."""
+
+    def driver_of(device):
+        return bound.get(device.rsplit("/", 1)[-1])
+
+    return driver_of
+
+
+# Every accel node of GAUDI_DEV is a Gaudi card.
+HABANA = drivers({f"accel{i}": "habanalabs" for i in range(8)})
+
+
 def lister(entries):
     def list_dir(path):
         if entries is None or path != "/dev/accel":
@@ -63,7 +76,7 @@ NO_TOOLS = runner({})
     ],
 )
 def test_detect_slots(accel, env, dev, outputs, expected):
-    assert detect_slots(accel, env, list_dir=lister(dev), run=runner(outputs)) == expected
+    assert detect_slots(accel, env, list_dir=lister(dev), run=runner(outputs), driver_of=HABANA) == expected
 
 
 def test_cpu_slots_given():
@@ -98,7 +111,7 @@ def test_detect_slots_errors(accel, env, kwargs, match):
 @pytest.mark.parametrize(
     ("env", "dev", "outputs", "expected"),
     [
-        pytest.param({}, GAUDI_DEV, {}, "hpu", id="dev-accel0"),
+        pytest.param({}, GAUDI_DEV, {}, "hpu", id="dev-accel-habanalabs"),
         pytest.param({}, None, {HL_SMI_INDEX: "0\n"}, "hpu", id="hl-smi"),
         pytest.param({}, ["accel_controlD0"], {}, "cpu", id="control-node-only"),
         pytest.param({}, None, {NVIDIA_SMI_LIST: "GPU 0: H200 (UUID: x)\n"}, "cuda", id="nvidia-smi"),
@@ -114,7 +127,7 @@ def test_detect_slots_errors(accel, env, kwargs, match):
     ],
 )
 def test_detect_accelerator(env, dev, outputs, expected):
-    assert detect_accelerator(env, list_dir=lister(dev), run=runner(outputs)) == expected
+    assert detect_accelerator(env, list_dir=lister(dev), run=runner(outputs), driver_of=HABANA) == expected
 
 
 def test_detect_accelerator_rejects_unsupported():

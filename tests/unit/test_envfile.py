@@ -105,21 +105,38 @@ def test_is_forwarded(name, forwarded):
 def test_preset_efa():
     ef = build_env_file({"LD_LIBRARY_PATH": "/opt/amazon/efa/lib:/usr/local/lib::"}, "efa", {}, "ens32")
     assert ef.as_dict() == {
+        **GAUDINIC_DEFAULTS,
         "FI_EFA_USE_DEVICE_RDMA": "1",
         "HCCL_OVER_OFI": "1",
         "HCCL_SOCKET_IFNAME": "ens32",
-        "LD_LIBRARY_PATH": "/usr/lib/habanalabs:/opt/amazon/openmpi/lib:/opt/amazon/efa/lib:/usr/local/lib",
+        # The image's one libfabric first (hccl_ofi_wrapper has no RPATH), then the wrapper and OpenMPI.
+        "LD_LIBRARY_PATH": "/opt/amazon/efa/lib:/usr/lib/habanalabs:/opt/amazon/openmpi/lib:/usr/local/lib",
         "RDMAV_FORK_SAFE": "1",
     }
 
 
 def test_preset_efa_without_existing_path_or_ifname():
     assert PRESETS["efa"]({}, None) == {
+        **GAUDINIC_DEFAULTS,
         "HCCL_OVER_OFI": "1",
-        "LD_LIBRARY_PATH": "/usr/lib/habanalabs:/opt/amazon/openmpi/lib:/opt/amazon/efa/lib",
+        "LD_LIBRARY_PATH": "/opt/amazon/efa/lib:/usr/lib/habanalabs:/opt/amazon/openmpi/lib",
         "FI_EFA_USE_DEVICE_RDMA": "1",
         "RDMAV_FORK_SAFE": "1",
     }
+
+
+def test_preset_hostnic_puts_the_images_libfabric_first():
+    environ = {"LIBFABRIC_ROOT": "/opt/lf", "LD_LIBRARY_PATH": "/usr/lib/habanalabs:/x"}
+    assert PRESETS["hostnic"](environ, None) == {
+        **GAUDINIC_DEFAULTS,
+        "HCCL_OVER_OFI": "1",
+        "HCCL_GAUDI_DIRECT": "1",
+        "LD_LIBRARY_PATH": "/opt/lf/lib:/usr/lib/habanalabs:/opt/amazon/openmpi/lib:/x",
+        "RDMAV_FORK_SAFE": "1",
+        "MLX5_SCATTER_TO_CQE": "0",
+    }
+    assert PRESETS["hostnic"]({}, "ib0")["HCCL_SOCKET_IFNAME"] == "ib0"
+    assert "FI_PROVIDER" not in PRESETS["hostnic"]({}, None)
 
 
 def test_preset_gaudinic_defaults_and_environ_wins():

@@ -31,6 +31,7 @@ PURE = {
     "gaudi_cluster.outcome",
     "gaudi_cluster.plan",
     "gaudi_cluster.presets",
+    "gaudi_cluster.profiles",
     "gaudi_cluster.program",
     "gaudi_cluster.setting_types",
     "gaudi_cluster.slurm",

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from gaudi_cluster import profiles
 from gaudi_cluster.errors import ClusterNotReady
 
 # Every resource of a cluster carries this tag; `down` and `status` find the cluster by it alone.
@@ -19,15 +20,17 @@ TAG_ROLE = "gaudi-cluster:role"
 MASTER, WORKER = "master", "worker"
 # Nodes run Ubuntu from the Habana Deep Learning Base AMI; its login user.
 DEFAULT_SSH_USER = "ubuntu"
-DEFAULT_IMAGE = "gaudi-cluster:gaudi"
+# DL1 is first-gen Gaudi: its image and AMI come from the dl1 profile (app/gaudi_cluster/profiles.json),
+# whose Synapse release is the last that supports it; the host driver in the AMI must match it.
+DL1_PROFILE = profiles.load().profile("dl1")
+DEFAULT_IMAGE = f"gaudi-cluster:{DL1_PROFILE.name}"
 DEFAULT_INSTANCE_TYPE = "dl1.24xlarge"
 DEFAULT_CLUSTER_ID = "gaudi"
 DEFAULT_WAIT_TIMEOUT_S = 900.0
 # Peers travel in user data (16 KiB) and one cluster placement group; far beyond any DL1 fleet we expect.
 MAX_NODES = 64
-# SynapseAI release (major.minor) of the node image: image/versions.env SYNAPSE_VERSION (a test keeps them
-# equal). The host driver in the AMI must match the container's Synapse release.
-SYNAPSE_PROFILE = "1.22"
+# SynapseAI release (major.minor) of the node image and of the AMI searched for.
+SYNAPSE_PROFILE = DL1_PROFILE.synapse_release
 AMI_OWNER = "amazon"
 # Where the nodes keep the cluster key and the scripts that start them.
 NODE_HOME = "/opt/gaudi-cluster"

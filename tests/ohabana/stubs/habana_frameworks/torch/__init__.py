@@ -1,0 +1,1 @@
+"""TEST-ONLY stand-in (see habana_frameworks/__init__.py)."""

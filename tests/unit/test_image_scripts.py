@@ -1,0 +1,106 @@
+"""The gaudi image's build-time checks, run here on stand-ins: the hccl_ofi_wrapper ABI check against
+two libraries compiled the two ways the wrapper's interface has been written, and the removal of the
+base image's sshd line from root's .bashrc."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CHECK = ROOT / "image" / "check-hccl-ofi-wrapper.sh"
+
+# The shape of hccl_ofi_wrapper: an interface class, its implementation ofi_plugin, and the two C entry
+# points HCCL dlsym()s. DESTRUCTOR is what HCCL >= 1.19's copy of the interface declares first.
+WRAPPER_SOURCE = """
+#include <memory>
+class ofi_plugin_interface {
+public:
+    DESTRUCTOR
+    virtual int initialize() = 0;
+};
+class ofi_plugin : public ofi_plugin_interface {
+public:
+    int initialize() override { return 0; }
+};
+extern "C" double get_version() { return 1.2; }
+extern "C" std::unique_ptr<ofi_plugin_interface>* create_ofi_plugin_handle() {
+    return new std::unique_ptr<ofi_plugin_interface>(new ofi_plugin());
+}
+"""
+
+
+def build(tmp: Path, name: str, destructor: str, optimize: str) -> Path:
+    source = tmp / f"{name}.cpp"
+    source.write_text(WRAPPER_SOURCE.replace("DESTRUCTOR", destructor))
+    lib = tmp / f"{name}.so"
+    subprocess.run(["g++", optimize, "-shared", "-fPIC", "-o", str(lib), str(source)], check=True)
+    return lib
+
+
+def check(lib: Path, interface: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(CHECK), str(lib), interface], capture_output=True, text=True, check=False
+    )
+
+
+@pytest.mark.parametrize("optimize", ["-O0", "-O2"])  # the wrapper's Makefile builds at -O0
+def test_the_abi_check_tells_the_two_interfaces_apart(tmp_path, optimize):
+    new = build(tmp_path, "new", "virtual ~ofi_plugin_interface() = default;", optimize)
+    old = build(tmp_path, "old", "", optimize)
+    assert check(new, "destructor").returncode == 0
+    assert check(old, "no-destructor").returncode == 0
+    wrong = check(old, "destructor")
+    assert wrong.returncode == 1
+    assert "has no virtual destructor in ofi_plugin (_ZN10ofi_pluginD0Ev)" in wrong.stderr
+    assert "fix: pin an hccl_ofi_wrapper commit" in wrong.stderr
+    assert check(new, "no-destructor").returncode == 1
+
+
+def test_the_abi_check_refuses_a_library_that_is_not_the_wrapper(tmp_path):
+    source = tmp_path / "other.c"
+    source.write_text("int something(void) { return 1; }\n")
+    lib = tmp_path / "other.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(source)], check=True)
+    done = check(lib, "destructor")
+    assert done.returncode == 1 and "does not export create_ofi_plugin_handle" in done.stderr
+    assert check(tmp_path / "missing.so", "destructor").returncode == 1
+
+
+# The tail of root's .bashrc in Habana's pytorch-installer images (1.21 and 1.22): the base layer appends
+# the sshd line and comments out the interactivity guard, the PyTorch layer sources habanalabs.sh.
+HABANA_BASHRC_TAIL = """# ~/.bashrc: executed by bash(1) for non-login shells.
+#[ -z "$PS1" ] && return
+alias ll='ls -alF'
+/etc/init.d/ssh start "-p 3022"
+source /etc/profile.d/habanalabs.sh
+"""
+
+
+def test_the_sshd_line_leaves_bashrc_and_the_habanalabs_profile_stays(tmp_path):
+    bashrc = tmp_path / ".bashrc"
+    bashrc.write_text(HABANA_BASHRC_TAIL)
+    done = subprocess.run(
+        ["bash", "-c", f'source "{ROOT / "image" / "install-system.sh"}" && remove_bashrc_sshd'],
+        env={"BASHRC": str(bashrc), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert bashrc.read_text() == HABANA_BASHRC_TAIL.replace('/etc/init.d/ssh start "-p 3022"\n', "")
+
+
+def test_a_bashrc_that_still_starts_sshd_fails_the_build(tmp_path):
+    bashrc = tmp_path / ".bashrc"
+    bashrc.write_text('echo hi; /etc/init.d/ssh start "-p 3022"\n')
+    done = subprocess.run(
+        ["bash", "-c", f'source "{ROOT / "image" / "install-system.sh"}" && remove_bashrc_sshd'],
+        env={"BASHRC": str(bashrc), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 1 and "still starts sshd" in done.stderr
