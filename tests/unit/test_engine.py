@@ -201,7 +201,7 @@ def test_sbatch_refuses_an_unknown_mode_and_a_missing_key():
 
 
 def test_master_releases_the_other_nodes_of_the_step_but_not_lost_ones(tmp_path, monkeypatch):
-    from gaudi_cluster import master
+    from gaudi_cluster import nodewatch
 
     calls = []
 
@@ -212,11 +212,11 @@ def test_master_releases_the_other_nodes_of_the_step_but_not_lost_ones(tmp_path,
     monkeypatch.setattr(ssh, "run_on_hosts", fake_run_on_hosts)
     config = resolve_config({}, {"GAUDI_CLUSTER_JOB_ROOT": str(tmp_path / "jobs")})
     env = {**SLURM_STEP, "SLURM_NODEID": "0"}
-    master.release_workers(config, env, None, 1, skip={"gaudi03"})
+    nodewatch.release_workers(config, env, None, 1, skip={"gaudi03"})
     ((hosts, command, ssh_config),) = calls
     assert hosts == ["gaudi02"]
     assert command[-6:] == ["gaudi_cluster.nodewatch", "release", "--key", "77.0", "--exit-code", "1"]
     assert "BatchMode yes" in ssh_config
     calls.clear()
-    master.release_workers(config, {"GAUDI_CLUSTER_PEERS": "a,b"}, None, 0)
+    nodewatch.release_workers(config, {"GAUDI_CLUSTER_PEERS": "a,b"}, None, 0)
     assert calls == []

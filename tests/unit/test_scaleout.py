@@ -171,7 +171,7 @@ def hpu_report(**over) -> dict:
 
 
 def findings(reports: dict, env: dict | None = None, ifname: str | None = None) -> list[Finding]:
-    return check_nodes(reports, {}, dict.fromkeys(reports), ifname, env or {}, ())
+    return check_nodes(reports, {}, dict.fromkeys(reports), ifname, env or {}, (), min_free_disk=0)
 
 
 def of(found: list[Finding], check: str) -> list[Finding]:

@@ -139,4 +139,8 @@ def test_run_key_node_id_and_gpus():
 )
 def test_hpu_slots_honour_what_the_engine_gave(env, accel_nodes, slots):
     listing = [f"accel{i}" for i in range(accel_nodes)] + [f"accel_controlD{i}" for i in range(accel_nodes)]
-    assert devices.detect_slots("hpu", env, list_dir=lambda _: listing, run=lambda _: None) == slots
+    gaudi = lambda _: devices.HABANA_DRIVER  # noqa: E731 - every card's sysfs driver
+    assert (
+        devices.detect_slots("hpu", env, list_dir=lambda _: listing, run=lambda _: None, driver_of=gaudi)
+        == slots
+    )
