@@ -2,8 +2,10 @@
 
 The live line: step / total, cluster samples/s, elapsed, ETA, the slowest rank. Stragglers: a rank
 whose own work per step (not the time it waits for others: see train.steptiming) stays above
-SLOW_RATIO x the median of the other ranks for SUSTAIN checks in a row is named once, with its host
-and local device index. The status table: one row per rank.
+SLOW_RATIO x the median of the other ranks over SUSTAIN new steps in a row, warm-up steps left out,
+is named once, with its host and local device index. Counting steps, not checks, matters: with
+steps of several seconds a per-second check would see the same few steps again and again, and one
+unlucky scheduling slice on a shared host would pass for a slow device. The status table: one row per rank.
 """
 
 from __future__ import annotations
@@ -30,13 +32,15 @@ class AgentState(Protocol):
 
 
 SLOW_RATIO = 1.3
-SUSTAIN = 5  # consecutive checks (one per second, each over the last WINDOW steps)
+SUSTAIN = 5  # new steps in a row the rank must stay slow (each judged over the last WINDOW steps)
 WINDOW = 8
+WARMUP_STEPS = 3  # first steps (graph compile, allocator, caches) say nothing about a device's speed
 RATE_WINDOW_S = 30.0
 
 
 def median_work(agent: AgentState) -> float | None:
-    recent = [seconds for _step, seconds in agent.recent_work[-WINDOW:]]
+    timed = [seconds for step, seconds in agent.recent_work if step > WARMUP_STEPS]
+    recent = timed[-WINDOW:]
     return statistics.median(recent) if len(recent) >= 3 else None
 
 
@@ -58,9 +62,10 @@ class Straggler:
 
 @dataclass
 class StragglerWatch:
-    """Flags each slow rank once it has been slow for SUSTAIN checks in a row."""
+    """Flags each slow rank once it has been slow over SUSTAIN new steps in a row."""
 
     streak: dict[int, int] = field(default_factory=dict)
+    judged_step: dict[int, int] = field(default_factory=dict)  # a rank's newest step already judged
     flagged: dict[int, Straggler] = field(default_factory=dict)
 
     def check(self, agents: Sequence[AgentState]) -> list[Straggler]:
@@ -69,8 +74,10 @@ class StragglerWatch:
         for agent in agents:
             mine = works.get(agent.rank)
             others = [w for rank, w in works.items() if rank != agent.rank]
-            if mine is None or not others:
+            newest = agent.recent_work[-1][0] if agent.recent_work else None
+            if mine is None or not others or newest is None or newest == self.judged_step.get(agent.rank):
                 continue
+            self.judged_step[agent.rank] = newest
             typical = statistics.median(others)
             slow = typical > 0 and mine > SLOW_RATIO * typical
             self.streak[agent.rank] = self.streak.get(agent.rank, 0) + 1 if slow else 0

@@ -28,33 +28,43 @@ class Agent:
     recent_work: tuple[tuple[int, float], ...] = field(default_factory=tuple)
 
 
-def agents(slow_rank: int | None, steps: int = 10, slow: float = 0.8) -> list[Agent]:
+def agents(slow_rank: int | None, steps: int = 10, slow: float = 0.8, warmup: float = 0.4) -> list[Agent]:
+    """Four ranks on two hosts at `steps` steps; steps 1-3 (warm-up) take `warmup` seconds."""
     out = []
     for rank in range(4):
         seconds = slow if rank == slow_rank else 0.4 + 0.01 * rank
-        out.append(
-            Agent(
-                f"w{rank // 2}", rank, rank % 2, steps, recent_work=tuple((s, seconds) for s in range(steps))
-            )
-        )
+        work = tuple((s, warmup if s <= 3 else seconds) for s in range(1, steps + 1))
+        out.append(Agent(f"w{rank // 2}", rank, rank % 2, steps, recent_work=work))
     return out
 
 
-def test_the_slow_rank_is_named_once_after_it_stayed_slow():
+def test_the_slow_rank_is_named_once_after_it_stayed_slow_over_new_steps():
     watch = StragglerWatch()
-    flagged = [watch.check(agents(slow_rank=3)) for _ in range(6)]
+    flagged = [watch.check(agents(slow_rank=3, steps=step)) for step in range(6, 12)]
     assert [len(new) for new in flagged] == [0, 0, 0, 0, 1, 0]
     (straggler,) = flagged[4]
     assert (straggler.host, straggler.rank, straggler.local_rank) == ("w1", 3, 1)
     assert straggler.line().startswith("straggler: host w1 rank 3 (device 1) takes 2.0x")
 
 
-def test_no_rank_is_named_when_none_is_slow_or_slowness_does_not_last():
+def test_checks_that_see_no_new_step_do_not_count():
     watch = StragglerWatch()
-    for _ in range(10):
-        assert watch.check(agents(slow_rank=None)) == []
-    for i in range(10):  # slow every other check: never SUSTAIN in a row
-        assert watch.check(agents(slow_rank=2 if i % 2 else None)) == []
+    for _ in range(20):  # a long step: the master checks every second, the rank is still on step 8
+        assert watch.check(agents(slow_rank=3, steps=8)) == []
+    assert watch.streak[3] == 1
+
+
+def test_no_rank_is_named_when_none_is_slow_or_slowness_does_not_last_or_is_warm_up():
+    watch = StragglerWatch()
+    for step in range(6, 16):
+        assert watch.check(agents(slow_rank=None, steps=step)) == []
+    for step in range(16, 26):  # slow every other step: never SUSTAIN in a row
+        assert watch.check(agents(slow_rank=2 if step % 2 else None, steps=step)) == []
+    watch = StragglerWatch()
+    for step in range(4, 12):  # rank 1's warm-up steps took 10x: not a straggler
+        slow_start = agents(slow_rank=None, steps=step)
+        slow_start[1].recent_work = tuple((s, 4.0 if s <= 3 else w) for s, w in slow_start[1].recent_work)
+        assert watch.check(slow_start) == []
 
 
 def test_the_live_line_has_progress_rate_eta_and_the_slowest_rank():
