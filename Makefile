@@ -70,7 +70,7 @@ test-ohabana: venv wheelhouse ## the workload's GaudiTrainer branch on CPU throu
 
 test: venv ## all tests (builds the cpu image; needs a Docker engine)
 	$(MAKE) image-cpu
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=40 tests
 
 base-image: ## the Debian 12 base of the cpu flavor (pulled, or debootstrapped offline)
 	scripts/make-base-image.sh $(BASE_IMAGE_CPU)

@@ -37,3 +37,11 @@ def slurm(request, slurm_image: str, cluster_keys: Path, tmp_path_factory) -> It
         cluster.remove()
         total = time.monotonic() - began
         print(f"\nSlurm tests: cluster start {cluster.start_seconds:.1f}s, whole module {total:.1f}s")
+
+
+@pytest.fixture(autouse=True)
+def _cancel_leftover_jobs(request) -> Iterator[None]:
+    """One failed test must not fail the next by holding the shared nodes."""
+    yield
+    if "slurm" in request.fixturenames:
+        request.getfixturevalue("slurm").cancel_leftovers()

@@ -113,6 +113,13 @@ class SlurmCluster:
         )  # fmt: skip
         return int(done.stdout.strip().split(";")[0])
 
+    def cancel_leftovers(self) -> None:
+        """scancel what a failed test left queued or running, so the next test gets the nodes."""
+        queued = self.exec(CONTROLLER, "squeue", "--noheader", "--format=%i").stdout.split()
+        if queued:
+            self.exec(CONTROLLER, "scancel", *queued)
+            wait_until(lambda: not self.exec(CONTROLLER, "squeue", "--noheader").stdout.strip(), 60)
+
     def job_field(self, job: int, name: str) -> str:
         out = self.exec(CONTROLLER, "scontrol", "show", "job", str(job)).stdout
         match = re.search(rf"\b{name}=(\S+)", out)
