@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gaudi_cluster.envfile import (
@@ -222,6 +222,63 @@ def job_env(
         preset=chosen,
         preset_reason=why,
     )
+
+
+@dataclass(frozen=True)
+class CpuThreads:
+    """OMP_NUM_THREADS for CPU ranks that share a server's cores, and why."""
+
+    threads: int
+    ranks: int
+    cpus: int
+    nodes: tuple[str, ...]
+
+    def line(self) -> str:
+        where = (
+            f"nodes {', '.join(self.nodes)} are one server (same kernel boot id)"
+            if len(self.nodes) > 1
+            else f"on {self.nodes[0]}"
+        )
+        return (
+            f"OMP_NUM_THREADS={self.threads} for every rank: {self.ranks} ranks share {self.cpus} CPUs "
+            f"({where}); --env OMP_NUM_THREADS=N chooses another count"
+        )
+
+
+def cpu_threads_per_rank(
+    ranks_by_host: Mapping[str, int], reports: Mapping[str, Mapping[str, Any]]
+) -> CpuThreads | None:
+    """Threads per CPU rank so that the ranks of one server do not oversubscribe its cores.
+
+    torch gives every process a thread per core: N ranks on one server run N x cores threads, which
+    spin against each other in every collective (3 ranks on 2 cores trained 4x slower than with one
+    thread each). Nodes that report the same boot id are containers of one server. The tightest
+    server sets the count for all (one env file for every node); None when no server has more ranks
+    than one, or a node did not say how many CPUs it has.
+    """
+    servers: dict[str, list[str]] = {}
+    for host in ranks_by_host:
+        report = reports.get(host, {})
+        servers.setdefault(str(report.get("boot_id") or f"host:{host}"), []).append(host)
+    tightest: CpuThreads | None = None
+    for hosts in servers.values():
+        ranks = sum(ranks_by_host[host] for host in hosts)
+        counts = [reports.get(host, {}).get("cpus") for host in hosts]
+        if ranks < 2 or not all(isinstance(c, int) and c > 0 for c in counts):
+            continue
+        cpus = min(c for c in counts if isinstance(c, int))
+        found = CpuThreads(max(1, cpus // ranks), ranks, cpus, tuple(hosts))
+        if tightest is None or found.threads < tightest.threads:
+            tightest = found
+    return tightest
+
+
+def with_cpu_threads(env: EnvFile, threads: CpuThreads | None) -> EnvFile:
+    """env with OMP_NUM_THREADS set for oversubscribed CPU ranks, unless someone already chose it."""
+    chosen = env.as_dict()
+    if threads is None or "OMP_NUM_THREADS" in chosen or "OMP_NUM_THREADS" in dict(env.private):
+        return env
+    return replace(env, items=tuple(sorted({**chosen, "OMP_NUM_THREADS": str(threads.threads)}.items())))
 
 
 def describe(env: EnvFile, user_files: Sequence[UserEnvFile]) -> list[str]:

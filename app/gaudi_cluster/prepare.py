@@ -183,6 +183,12 @@ def _prepare_surveyed(
     _check_or_stop(config, survey, env_file)
     hostfile = hostfile_for(config, survey)
     active = active_resources(hostfile, options.include, options.exclude)
+    if accelerator == "cpu":
+        threads = jobenv.cpu_threads_per_rank({h: len(s) for h, s in active.items()}, survey.reports)
+        threaded = jobenv.with_cpu_threads(env_file, threads)
+        if threads is not None and threaded is not env_file:
+            log.info("%s", threads.line())
+        env_file = threaded
     hostfile_path = survey.job_dir / "hostfile"
     env_path = survey.job_dir / "deepspeed_env"
     if not config.dry_run:

@@ -77,6 +77,26 @@ def _free_bytes(path: str) -> int | None:
         return None
 
 
+def usable_cpus() -> int:
+    """CPUs this node's processes may use: the affinity mask, capped by a cgroup v2 CPU quota."""
+    cpus = len(os.sched_getaffinity(0))
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            cpus = min(cpus, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return cpus
+
+
+def boot_id() -> str | None:
+    """The kernel's id of this boot: containers on one server share it, separate servers never do."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
 def _hccl_ofi_wrapper() -> str | None:
     dirs = [*os.environ.get("LD_LIBRARY_PATH", "").split(":"), "/usr/lib/habanalabs"]
     for directory in filter(None, dirs):
@@ -152,6 +172,8 @@ def probe(
         "uverbs_devices": sorted(glob.glob("/dev/infiniband/uverbs*")),
         "hccl_ofi_wrapper": _hccl_ofi_wrapper(),
         "profile": profiles.image_profile(),
+        "cpus": usable_cpus(),
+        "boot_id": boot_id(),
     }
     if kind == "hpu":
         report["driver_version"] = devices.driver_version(devices.default_run)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from gaudi_cluster.envfile import is_secret
+from gaudi_cluster import jobenv
+from gaudi_cluster.envfile import EnvFile, is_secret
 from gaudi_cluster.errors import ConfigError
 from gaudi_cluster.jobenv import (
     UserEnvFile,
@@ -118,3 +119,49 @@ def test_env_pass_forwards_a_secret_on_purpose_and_nothing_is_dropped_silently()
 def test_env_pass_of_an_unset_variable_is_bad_input():
     with pytest.raises(ConfigError, match=r"--env-pass NOPE: NOPE is not set.*fix: export NOPE"):
         compose(env_pass=("NOPE",))
+
+
+# Three containers of one server (one boot id) with 2 CPUs, the simulated cluster of make demo.
+ONE_SERVER = {h: {"boot_id": "b1", "cpus": 2} for h in ("master", "worker-1", "worker-2")}
+
+
+@pytest.mark.parametrize(
+    ("ranks", "reports", "expected"),
+    [
+        ({"master": 1, "worker-1": 1, "worker-2": 1}, ONE_SERVER, (1, 3, 2)),
+        # Separate servers (boot ids differ): one rank each keeps torch's own default.
+        ({"a": 1, "b": 1}, {"a": {"boot_id": "1", "cpus": 8}, "b": {"boot_id": "2", "cpus": 8}}, None),
+        # Two ranks on one 16-CPU node: 8 each, as torchrun/DeepSpeed's core binding would split them.
+        ({"a": 2}, {"a": {"boot_id": "1", "cpus": 16}}, (8, 2, 16)),
+        # The tightest server sets the count for every node (one env file).
+        (
+            {"a": 2, "b": 4},
+            {"a": {"boot_id": "1", "cpus": 16}, "b": {"boot_id": "2", "cpus": 8}},
+            (2, 4, 8),
+        ),
+        # More ranks than CPUs: never 0 threads.
+        ({"a": 4}, {"a": {"boot_id": "1", "cpus": 2}}, (1, 4, 2)),
+        # A node of an older image (no boot id, no CPU count) is its own server, left alone.
+        ({"a": 1, "b": 1}, {"a": {}, "b": {}}, None),
+        ({"a": 3}, {"a": {"boot_id": "1"}}, None),
+    ],
+)
+def test_cpu_threads_split_a_servers_cpus_between_its_ranks(ranks, reports, expected):
+    found = jobenv.cpu_threads_per_rank(ranks, reports)
+    assert (None if found is None else (found.threads, found.ranks, found.cpus)) == expected
+
+
+def test_cpu_threads_never_replace_a_chosen_value_and_name_the_shared_nodes():
+    threads = jobenv.cpu_threads_per_rank({"master": 1, "worker-1": 1, "worker-2": 1}, ONE_SERVER)
+    assert threads is not None
+    assert "3 ranks share 2 CPUs (nodes master, worker-1, worker-2 are one server" in threads.line()
+    plain = EnvFile(items=(("DS_ACCELERATOR", "cpu"),))
+    assert jobenv.with_cpu_threads(plain, threads).as_dict() == {
+        "DS_ACCELERATOR": "cpu",
+        "OMP_NUM_THREADS": "1",
+    }
+    chosen = EnvFile(items=(("OMP_NUM_THREADS", "2"),))
+    assert jobenv.with_cpu_threads(chosen, threads) is chosen
+    private = EnvFile(items=(), private=(("OMP_NUM_THREADS", "4"),))
+    assert jobenv.with_cpu_threads(private, threads) is private
+    assert jobenv.with_cpu_threads(plain, None) is plain
