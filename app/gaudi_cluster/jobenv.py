@@ -235,9 +235,9 @@ class CpuThreads:
 
     def line(self) -> str:
         where = (
-            f"nodes {', '.join(self.nodes)} are one server (same kernel boot id)"
+            f"one server: nodes {', '.join(self.nodes)} report the same kernel boot id"
             if len(self.nodes) > 1
-            else f"on {self.nodes[0]}"
+            else f"node {self.nodes[0]}"
         )
         return (
             f"OMP_NUM_THREADS={self.threads} for every rank: {self.ranks} ranks share {self.cpus} CPUs "

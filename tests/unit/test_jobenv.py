@@ -154,7 +154,10 @@ def test_cpu_threads_split_a_servers_cpus_between_its_ranks(ranks, reports, expe
 def test_cpu_threads_never_replace_a_chosen_value_and_name_the_shared_nodes():
     threads = jobenv.cpu_threads_per_rank({"master": 1, "worker-1": 1, "worker-2": 1}, ONE_SERVER)
     assert threads is not None
-    assert "3 ranks share 2 CPUs (nodes master, worker-1, worker-2 are one server" in threads.line()
+    assert (
+        "3 ranks share 2 CPUs (one server: nodes master, worker-1, worker-2 report the same kernel boot id)"
+        in threads.line()
+    )
     plain = EnvFile(items=(("DS_ACCELERATOR", "cpu"),))
     assert jobenv.with_cpu_threads(plain, threads).as_dict() == {
         "DS_ACCELERATOR": "cpu",
