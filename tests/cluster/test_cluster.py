@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 
@@ -52,6 +53,10 @@ def test_default_job_trains_across_three_containers(make_cluster, tmp_path):
         ),
     ]
     assert hostfile.splitlines() == [f"{ip} slots=1" for ip in expected_ips]
+
+    # The three containers share this machine's CPUs: every rank got its share of threads, not all.
+    cpus = len(os.sched_getaffinity(0))
+    assert f"OMP_NUM_THREADS={max(1, cpus // 3)} for every rank: 3 ranks share {cpus} CPUs" in log
 
     # Training really happened: loss went down; results, plot and a checkpoint are on the master's volume.
     output = cluster.output_dir
