@@ -117,7 +117,7 @@ def exec_ours(cluster: LocalCluster, job: Sequence[str], launcher: str | None = 
         "gaudi-cluster",
         "master",
     ]
-    return Streamed([*argv, "master", *job], container=cluster.master)
+    return Streamed([*argv, *job], container=cluster.master)
 
 
 def exec_raw(cluster: LocalCluster, master_ip: str, job: Sequence[str]) -> Streamed:
