@@ -37,6 +37,7 @@ def _callback_cost_us(tmp: Path) -> float:
 
     class State:
         global_step = 0
+        max_steps = CALLS
 
     class Control:
         should_save = False

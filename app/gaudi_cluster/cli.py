@@ -17,6 +17,7 @@ from typing import NoReturn
 from gaudi_cluster import __version__
 from gaudi_cluster.config import DEFAULT_JOB_ROOT, add_config_flags, resolve_config
 from gaudi_cluster.errors import ConfigError, GaudiClusterError
+from gaudi_cluster.liveview import configure_logging
 
 log = logging.getLogger("gaudi_cluster")
 
@@ -248,14 +249,6 @@ def _leading_words(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-def _configure_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="gaudi-cluster: %(message)s",
-        stream=sys.stderr,
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -285,7 +278,7 @@ def _main(args_list: list[str]) -> int:
         args.job = job
     else:
         args = parser.parse_args(args_list)
-    _configure_logging(args.verbose)
+    configure_logging(args.verbose)
     if args.command is None:
         parser.print_help()
         return 2

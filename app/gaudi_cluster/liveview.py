@@ -7,6 +7,8 @@ serve `gaudi-cluster status` (a snapshot) and the final report.
 
 from __future__ import annotations
 
+import logging
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
@@ -82,3 +84,11 @@ class LiveView:
             "ranks": status_rows(agents, now),
             "stragglers": [s.line() for s in self.watch.flagged.values()],
         }
+
+
+def configure_logging(verbose: bool) -> None:
+    """Log lines on stderr, INFO and up; -v adds our own DEBUG lines only (a library's, such as
+    matplotlib's font search, would bury them)."""
+    logging.basicConfig(level=logging.INFO, format="gaudi-cluster: %(message)s", stream=sys.stderr)
+    if verbose:
+        logging.getLogger("gaudi_cluster").setLevel(logging.DEBUG)

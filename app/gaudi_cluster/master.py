@@ -91,6 +91,7 @@ def run_prepared(job: PreparedJob, config: ClusterConfig, out: TextIO) -> JobOut
         settings,
         out,
         on_all_started=lambda: remove_private_files(job, config),
+        on_first_step=report.warm_up_plotting,
     )
     supervisor.install_signal_handlers()
     status = StatusServer(job.job_dir, supervisor.snapshot)
@@ -195,7 +196,9 @@ def reap_everywhere(job: PreparedJob, config: ClusterConfig, lost_hosts: Set[str
         host: str(job.survey.reports.get(host, {}).get("hostname") or host) for host in job.hostfile.hosts
     }
     reachable = [host for host, name in names.items() if name not in lost_hosts]
+    began = time.monotonic()
     results = ssh.run_on_hosts(reachable, cmd, job.ssh_config, timeout_s=3, connect_timeout_s=1)
+    log.debug("reaped job %s on %s in %.2fs", job.job_id, ", ".join(reachable), time.monotonic() - began)
     for host, result in results.items():
         if not result.ok:
             why = ssh.explain_ssh_failure(result, config.ssh_port)

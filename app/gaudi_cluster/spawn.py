@@ -12,7 +12,6 @@ mean anything once the command is split into ranks.
 
 from __future__ import annotations
 
-import logging
 import os
 import shlex
 import subprocess
@@ -33,6 +32,7 @@ from gaudi_cluster.compat import (
 )
 from gaudi_cluster.config import resolve_config
 from gaudi_cluster.errors import ConfigError, GaudiClusterError
+from gaudi_cluster.liveview import configure_logging
 from gaudi_cluster.master import run_master
 
 SpawnRunner = Callable[[SpawnRequest, bool], int | None]
@@ -164,11 +164,7 @@ def main(argv: Sequence[str], prog: str, run: SpawnRunner = run_spawn) -> int:
     """`gaudi-cluster spawn ...` and gaudi_spawn.py: parse like gaudi_spawn.py, run; errors -> codes."""
     try:
         invocation = parse_gaudi_spawn_args(argv, prog=prog)
-        logging.basicConfig(
-            level=logging.DEBUG if invocation.verbose else logging.INFO,
-            format="gaudi-cluster: %(message)s",
-            stream=sys.stderr,
-        )
+        configure_logging(invocation.verbose)
         # GAUDI_CLUSTER_DRY_RUN and every other setting in the environment, checked like the master's.
         dry_run = invocation.dry_run or resolve_config({}, os.environ).dry_run
         return int(run(invocation.request, dry_run) or 0)

@@ -59,6 +59,7 @@ class Supervisor:
         out: TextIO = sys.stdout,
         clock: Callable[[], float] = time.monotonic,
         on_all_started: Callable[[], None] | None = None,
+        on_first_step: Callable[[], None] | None = None,
     ) -> None:
         self.job_id = job_id
         self.plan = plan
@@ -70,6 +71,9 @@ class Supervisor:
         self.clock = clock
         # Called once, when every rank has checked in (each agent has read its private file by then).
         self.on_all_started = on_all_started
+        # Called once, in a thread, when a rank reports its first step (the imports are done by then,
+        # so work started here does not slow the ranks' start).
+        self.on_first_step = on_first_step
         self.lost_hosts: set[str] = set()  # host names of nodes whose agents went silent or away
         self.launcher: subprocess.Popen[bytes] | None = None
         self.launcher_tail: collections.deque[str] = collections.deque(maxlen=30)
@@ -134,7 +138,10 @@ class Supervisor:
         outcome = self._watch(started)
         self.state = outcome.state.value if outcome.state.value != "failed" else "aborting"
         self._teardown(outcome)
-        pump.join(timeout=2)
+        # The launcher's last lines. After an abort, do not wait for the end of its output: an ssh
+        # session riding a shared connection hands its output pipe to that connection's process,
+        # which holds it open for as long as a cut-off node leaves the connection up.
+        pump.join(timeout=0.3 if outcome.state is JobState.FAILED else 2)
         self.view.close()
         for straggler in self.view.watch.flagged.values():
             self._print(f"gaudi-cluster: job {self.job_id}: {straggler.line()}")
@@ -147,7 +154,11 @@ class Supervisor:
         launcher_exit_seen_at: float | None = None
         self.state = "running"
         while True:
-            self.view.tick(self.server.agents())
+            agents = self.server.agents()
+            self.view.tick(agents)
+            if self.on_first_step is not None and any(agent.step for agent in agents):
+                threading.Thread(target=self.on_first_step, name="first-step", daemon=True).start()
+                self.on_first_step = None
             with contextlib.suppress(queue.Empty):
                 signum = self._signals.get_nowait()
                 self._print(
@@ -252,11 +263,15 @@ class Supervisor:
         grace = self.settings.stop_grace_s if stopping else 0.0
         self.server.stop_all(grace)
         deadline = self.clock() + (grace + 3 if stopping else self.settings.abort_wait_s)
+        began = self.clock()
         while self.clock() < deadline and any(not agent.exited for agent in self.server.agents()):
             with contextlib.suppress(queue.Empty):
                 event = self.server.events.get(timeout=0.05)
                 if event.kind in ("exit", "lost"):
                     self.server.mark_exited(event.rank)
+                    log.debug("rank %d %s after %.2fs", event.rank, event.kind, self.clock() - began)
+        left = [agent.rank for agent in self.server.agents() if not agent.exited]
+        log.debug("ranks confirmed after %.2fs; still unconfirmed: %s", self.clock() - began, left or "none")
         self._kill_launcher(grace_s=2.0 if stopping else 0.0)
 
     def _wait_launcher(self, timeout_s: float) -> None:

@@ -172,3 +172,19 @@ def test_a_beat_carries_each_step_once_and_stays_under_1_kb():
         {**progress, "work": [[10**6 + s, 12345.678] for s in range(16)]}, -1, 0, 0, "y" * 200
     )
     assert len(json.dumps(worst)) < 1024
+
+
+def test_verbose_logging_adds_our_debug_lines_only(monkeypatch):
+    import logging
+
+    from gaudi_cluster.liveview import configure_logging
+
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])
+    monkeypatch.setattr(root, "level", logging.WARNING)
+    ours = logging.getLogger("gaudi_cluster")
+    monkeypatch.setattr(ours, "level", logging.NOTSET)
+    configure_logging(verbose=True)
+    assert logging.getLogger("gaudi_cluster.supervise").isEnabledFor(logging.DEBUG)
+    assert not logging.getLogger("matplotlib.font_manager").isEnabledFor(logging.DEBUG)
+    assert logging.getLogger("matplotlib.font_manager").isEnabledFor(logging.INFO)
