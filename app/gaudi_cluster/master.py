@@ -118,6 +118,7 @@ def run_prepared(job: PreparedJob, config: ClusterConfig, out: TextIO) -> JobOut
                 f"{len(job.ranks_by_host)} nodes in {time.monotonic() - started:.1f}s\n"
             )
             out.flush()
+        supervisor.finish_first_step_work()
         write_report(job, outcome, supervisor, launched_at)
     finally:
         job.survey.release()

@@ -74,6 +74,7 @@ class Supervisor:
         # Called once, in a thread, when a rank reports its first step (the imports are done by then,
         # so work started here does not slow the ranks' start).
         self.on_first_step = on_first_step
+        self._first_step_work: threading.Thread | None = None
         self.lost_hosts: set[str] = set()  # host names of nodes whose agents went silent or away
         self.launcher: subprocess.Popen[bytes] | None = None
         self.launcher_tail: collections.deque[str] = collections.deque(maxlen=30)
@@ -157,7 +158,8 @@ class Supervisor:
             agents = self.server.agents()
             self.view.tick(agents)
             if self.on_first_step is not None and any(agent.step for agent in agents):
-                threading.Thread(target=self.on_first_step, name="first-step", daemon=True).start()
+                self._first_step_work = threading.Thread(target=self.on_first_step, name="first-step")
+                self._first_step_work.start()
                 self.on_first_step = None
             with contextlib.suppress(queue.Empty):
                 signum = self._signals.get_nowait()
@@ -185,6 +187,12 @@ class Supervisor:
             failure = self._check_timeouts(now, now - started, ranks_seen)
             if failure is not None:
                 return JobOutcome.failed(failure, ranks_seen)
+
+    def finish_first_step_work(self, timeout_s: float = 60.0) -> None:
+        """Wait for on_first_step's thread (a short job can end while it still imports; the
+        interpreter must not exit under an import that is half done)."""
+        if self._first_step_work is not None:
+            self._first_step_work.join(timeout_s)
 
     def _handle(
         self, event: ControlEvent, ranks_seen: dict[int, str], finished: set[int]
