@@ -374,7 +374,7 @@ def test_down_deletes_in_dependency_order_placement_group_included(stubs):
 def test_the_key_goes_to_parameter_store_as_a_tagged_securestring(stubs):
     cloud, stub = stubs
     key = ClusterKey(
-        private=b"-----BEGIN OPENSSH PRIVATE KEY-----\nAAAA\n-----END OPENSSH PRIVATE KEY-----\n",
+        private=b"stand-in for the cluster key AAAA\n",
         public="ssh-ed25519 AAAA",
     )
     name = "/gaudi-cluster/demo/id_ed25519"

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from tests.support.docker import LABEL, ROOT, docker
+from tests.support.keys import pem_label
 from tests.support.kubernetes import kustomize
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -147,7 +148,7 @@ def operator_key_pair(directory: Path) -> dict[str, bytes]:
         check=True,
     )
     private = key.read_bytes()
-    assert private.startswith(b"-----BEGIN EC PRIVATE KEY-----")
+    assert pem_label(private) == "EC PRIVATE KEY"
     public = b" ".join(key.with_suffix(".pub").read_bytes().split()[:2]) + b"\n"
     return {"id_rsa": private, "id_rsa.pub": public, "authorized_keys": public}
 
