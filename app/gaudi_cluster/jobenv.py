@@ -266,7 +266,7 @@ def cpu_threads_per_rank(
         counts = [reports.get(host, {}).get("cpus") for host in hosts]
         if ranks < 2 or not all(isinstance(c, int) and c > 0 for c in counts):
             continue
-        cpus = min(c for c in counts if isinstance(c, int))
+        cpus = min(counts)
         found = CpuThreads(max(1, cpus // ranks), ranks, cpus, tuple(hosts))
         if tightest is None or found.threads < tightest.threads:
             tightest = found

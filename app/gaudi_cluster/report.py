@@ -86,29 +86,28 @@ def build(
     }
 
 
-def warm_up_plotting() -> None:
-    """Import matplotlib ahead of the report (about 1 s of CPU here): done during training, it keeps
-    the plot out of the time between a failure and the master's exit."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.font_manager
-        import matplotlib.pyplot
-    except ImportError:
-        return
-
-
-def plot(histories: Mapping[int, Sequence[tuple[int, float]]], slow: set[int], path: Path) -> bool:
-    """Per-rank work time per step; False when matplotlib is missing or there is nothing to draw."""
-    if not any(histories.values()):
-        return False
+def _pyplot() -> Any | None:
+    """matplotlib's pyplot on the Agg backend; None when matplotlib is missing."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def warm_up_plotting() -> None:
+    """Import matplotlib ahead of the report (about 1 s of CPU here): done during training, it keeps
+    the plot out of the time between a failure and the master's exit."""
+    _pyplot()
+
+
+def plot(histories: Mapping[int, Sequence[tuple[int, float]]], slow: set[int], path: Path) -> bool:
+    """Per-rank work time per step; False when matplotlib is missing or there is nothing to draw."""
+    plt = _pyplot() if any(histories.values()) else None
+    if plt is None:
         return False
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for rank, points in sorted(histories.items()):

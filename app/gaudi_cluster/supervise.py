@@ -270,8 +270,8 @@ class Supervisor:
         stopping = outcome.state is JobState.STOPPED
         grace = self.settings.stop_grace_s if stopping else 0.0
         self.server.stop_all(grace)
-        deadline = self.clock() + (grace + 3 if stopping else self.settings.abort_wait_s)
         began = self.clock()
+        deadline = began + (grace + 3 if stopping else self.settings.abort_wait_s)
         while self.clock() < deadline and any(not agent.exited for agent in self.server.agents()):
             with contextlib.suppress(queue.Empty):
                 event = self.server.events.get(timeout=0.05)
