@@ -1,7 +1,8 @@
 """The master's console while a job runs: rank lines as they come, and one live status line.
 
 On a terminal the status line is redrawn in place under the rank lines; otherwise it is printed
-every `interval_s` seconds. Stragglers are named on a line of their own, once. The same numbers
+once when the first step lands (a log then shows when training really began, however short the
+job) and every `interval_s` seconds after. Stragglers are named on a line of their own, once. The same numbers
 serve `gaudi-cluster status` (a snapshot) and the final report.
 """
 
@@ -33,6 +34,7 @@ class LiveView:
         self._shown = False
         self._last_check = -1.0
         self._last_print = self.started
+        self._stepping = False
         self._lock = threading.Lock()
 
     def write(self, text: str) -> None:
@@ -54,7 +56,9 @@ class LiveView:
             return
         self._last_check = now
         steps = [a.step for a in agents if a.step is not None]
+        first_step = bool(steps) and not self._stepping
         if steps:
+            self._stepping = True
             self.rate.add(now, min(steps))
         for straggler in self.watch.check(agents):
             self.write(f"gaudi-cluster: {straggler.line()}")
@@ -64,7 +68,7 @@ class LiveView:
             if self.tty:
                 self._emit(CLEAR + line)
                 self._shown = True
-            elif now - self._last_print >= self.interval_s:
+            elif first_step or now - self._last_print >= self.interval_s:
                 self._emit(line + "\n")
                 self._last_print = now
 

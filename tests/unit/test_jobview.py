@@ -89,13 +89,21 @@ def test_on_a_terminal_the_line_is_redrawn_in_place_and_rank_lines_stay_above_it
     assert "\r\x1b[K[w0 rank 0] loss 3.2\ngaudi-cluster: step 10/100" in text
 
 
-def test_off_a_terminal_the_line_is_printed_every_interval():
+def test_off_a_terminal_the_line_is_printed_at_the_first_step_then_every_interval():
     out, now = io.StringIO(), [0.0]
     view = LiveView(out, 30.0, lambda: now[0], tty=False)
-    for second in range(1, 62):
+    waiting = [Agent(f"w{rank // 2}", rank, rank % 2) for rank in range(4)]
+    for second in range(1, 5):  # ranks checked in, no step yet: quiet until the interval
+        now[0] = float(second)
+        view.tick(waiting)
+    assert out.getvalue() == ""
+    for second in range(5, 66):
         now[0] = float(second)
         view.tick(agents(slow_rank=None))
-    assert out.getvalue().count("gaudi-cluster: step") == 2
+    lines = out.getvalue().splitlines()
+    # At second 5 (first step), then 30 s after it (35) and again (65): a short job still shows one.
+    assert [line.split(" · elapsed ")[1].split(" ")[0] for line in lines] == ["0:05", "0:35", "1:05"], lines
+    assert all(line.startswith("gaudi-cluster: step 10/100") for line in lines)
     assert "\r" not in out.getvalue()
 
 
