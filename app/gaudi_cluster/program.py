@@ -68,11 +68,15 @@ def required_paths(program: Sequence[str], cwd: str) -> list[str]:
     return paths
 
 
-def output_dir(program: Sequence[str], environ: Mapping[str, str]) -> str:
-    """Where the job writes: its --output_dir (the transformers convention), else the cluster's."""
+def output_dir(program: Sequence[str], environ: Mapping[str, str], cwd: str | None = None) -> str:
+    """Where the job writes: its --output_dir (the transformers convention), else the cluster's
+    (GAUDI_CLUSTER_OUTPUT_DIR, or the image's output volume), else, on a host without that volume,
+    the working directory: a host run must not create /workspace/output as a side effect."""
     for i, word in enumerate(program):
         if word == "--output_dir" and i + 1 < len(program):
             return program[i + 1]
         if word.startswith("--output_dir="):
             return word.split("=", 1)[1]
-    return environ.get("GAUDI_CLUSTER_OUTPUT_DIR") or DEFAULT_OUTPUT
+    if environ.get("GAUDI_CLUSTER_OUTPUT_DIR"):
+        return environ["GAUDI_CLUSTER_OUTPUT_DIR"]
+    return DEFAULT_OUTPUT if os.path.isdir(DEFAULT_OUTPUT) else (cwd or os.getcwd())

@@ -12,6 +12,7 @@ from gaudi_cluster.outcome import JobOutcome, JobState, RankFailure, should_rest
 from gaudi_cluster.program import (
     DEFAULT_SCRIPT,
     default_program,
+    output_dir,
     program_from_args,
     required_paths,
     resolve_accelerator,
@@ -59,6 +60,17 @@ def test_program_from_args(argv, expected, monkeypatch):
 def test_required_paths_are_the_cwd_script_and_absolute_program():
     assert required_paths([PY, "-u", "/w/a.py", "b.py"], "/w") == ["/w", "/w/a.py", PY]
     assert required_paths(["bash", "-c", "x"], "/w") == ["/w"]
+
+
+def test_output_dir_is_the_programs_then_the_clusters_then_the_working_dir(monkeypatch, tmp_path):
+    assert output_dir([PY, "t.py", "--output_dir", "/o"], {"GAUDI_CLUSTER_OUTPUT_DIR": "/c"}) == "/o"
+    assert output_dir([PY, "t.py", "--output_dir=/o"], {}) == "/o"
+    assert output_dir([PY, "t.py"], {"GAUDI_CLUSTER_OUTPUT_DIR": "/c"}) == "/c"
+    # In the image the output volume exists; on a host it does not and is never created for a report.
+    monkeypatch.setattr("gaudi_cluster.program.DEFAULT_OUTPUT", str(tmp_path / "output"))
+    assert output_dir([PY, "t.py"], {}, cwd="/home/u/job") == "/home/u/job"
+    (tmp_path / "output").mkdir()
+    assert output_dir([PY, "t.py"], {}, cwd="/home/u/job") == str(tmp_path / "output")
 
 
 @pytest.mark.parametrize(
