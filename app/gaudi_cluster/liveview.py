@@ -1,9 +1,9 @@
 """The master's console while a job runs: rank lines as they come, and one live status line.
 
 On a terminal the status line is redrawn in place under the rank lines; otherwise it is printed
-once when the first step lands (a log then shows when training really began, however short the
-job) and every `interval_s` seconds after. Stragglers are named on a line of their own, once. The same numbers
-serve `gaudi-cluster status` (a snapshot) and the final report.
+once when the first step lands (a log then shows when training began, however short the job) and
+every `interval_s` seconds after. Stragglers are named on a line of their own, once. The same
+numbers serve `gaudi-cluster status` (a snapshot) and the final report.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ class LiveView:
         self._shown = False
         self._last_check = -1.0
         self._last_print = self.started
-        self._stepping = False
         self._lock = threading.Lock()
 
     def write(self, text: str) -> None:
@@ -56,9 +55,8 @@ class LiveView:
             return
         self._last_check = now
         steps = [a.step for a in agents if a.step is not None]
-        first_step = bool(steps) and not self._stepping
+        first_step = bool(steps) and not self.rate.points  # the meter holds every step seen since
         if steps:
-            self._stepping = True
             self.rate.add(now, min(steps))
         for straggler in self.watch.check(agents):
             self.write(f"gaudi-cluster: {straggler.line()}")

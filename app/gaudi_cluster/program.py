@@ -77,6 +77,5 @@ def output_dir(program: Sequence[str], environ: Mapping[str, str], cwd: str | No
             return program[i + 1]
         if word.startswith("--output_dir="):
             return word.split("=", 1)[1]
-    if environ.get("GAUDI_CLUSTER_OUTPUT_DIR"):
-        return environ["GAUDI_CLUSTER_OUTPUT_DIR"]
-    return DEFAULT_OUTPUT if os.path.isdir(DEFAULT_OUTPUT) else (cwd or os.getcwd())
+    volume = DEFAULT_OUTPUT if os.path.isdir(DEFAULT_OUTPUT) else None
+    return environ.get("GAUDI_CLUSTER_OUTPUT_DIR") or volume or cwd or os.getcwd()
