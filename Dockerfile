@@ -3,7 +3,7 @@
 #   cpu    make image-cpu   Debian 12 + Debian's OpenMPI + a venv of requirements/cpu-image.txt installed
 #                           offline from build/wheelhouse (make wheelhouse). Builds anywhere, no registry.
 #   gaudi  make image       Habana pytorch-installer base + hccl_ofi_wrapper, Habana's DeepSpeed fork and
-#          [PROFILE=dl1]    optimum-habana, all pinned per profile in app/gaudi_cluster/profiles.json
+#          [PROFILE=dl1]    optimum-habana, all pinned per profile in app/gaudi_cluster/settings/profiles.json
 #                           (gaudi: Gaudi 2/3, Synapse 1.22; dl1: first-gen Gaudi on AWS DL1, Synapse
 #                           1.21). Needs vault.habana.ai and the internet.
 #

@@ -9,10 +9,10 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 GIT_REV := $(shell git rev-parse --short HEAD 2>/dev/null || echo nogit)
 IMAGE_NAME ?= gaudi-cluster
 IMAGE_CPU ?= $(IMAGE_NAME):cpu
-# The gaudi flavor's pin set (app/gaudi_cluster/profiles.json): gaudi = Gaudi 2/3, dl1 = first-gen Gaudi (AWS DL1).
+# The gaudi flavor's pin set (app/gaudi_cluster/settings/profiles.json): gaudi = Gaudi 2/3, dl1 = first-gen Gaudi (AWS DL1).
 PROFILE ?= gaudi
 # Stdlib only, so `make image` needs no venv on the build machine.
-PROFILES := PYTHONPATH=app python3 -m gaudi_cluster.profiles
+PROFILES := PYTHONPATH=app python3 -m gaudi_cluster.settings.profiles
 BASE_IMAGE_CPU ?= gaudi-cluster/debian:bookworm
 NODES ?= 3
 export GAUDI_CLUSTER_IMAGE ?= $(IMAGE_CPU)

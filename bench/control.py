@@ -15,7 +15,7 @@ from bench.common import Ctx, Row, Target, stat
 
 
 def _authenticated(server, token: str, ranks: int) -> float:
-    from gaudi_cluster.channel import authenticate, connect
+    from gaudi_cluster.wire.channel import authenticate, connect
 
     channels = []
     started = time.perf_counter()
@@ -54,10 +54,10 @@ def run(ctx: Ctx) -> list[Row]:
 def run_handshake(ctx: Ctx) -> list[Row]:
     import logging
 
-    from gaudi_cluster import protocol
-    from gaudi_cluster.control import ControlServer
+    from gaudi_cluster.supervise.control import ControlServer
+    from gaudi_cluster.wire import protocol
 
-    logging.getLogger("gaudi_cluster.control").setLevel(logging.ERROR)
+    logging.getLogger("gaudi_cluster.supervise.control").setLevel(logging.ERROR)
     ranks, rounds = 32, (10 if not ctx.quick else 3)
     ours, theirs = [], []
     listener = socket.create_server(("127.0.0.1", 0))
@@ -89,8 +89,8 @@ def run_handshake(ctx: Ctx) -> list[Row]:
 _AGENTS = """
 import json, sys, threading, time
 sys.path.insert(0, sys.argv[4])
-from gaudi_cluster import protocol
-from gaudi_cluster.channel import authenticate, connect
+from gaudi_cluster.wire import protocol
+from gaudi_cluster.wire.channel import authenticate, connect
 port, token, ranks, seconds = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), float(sys.argv[5])
 sizes = []
 def agent(rank):
@@ -118,13 +118,13 @@ def master_cpu(ranks: int = 32, seconds: float = 20.0) -> tuple[float, float, fl
     import subprocess
     import sys
 
-    from gaudi_cluster import protocol
-    from gaudi_cluster.control import ControlServer
-    from gaudi_cluster.liveview import LiveView
+    from gaudi_cluster.supervise.control import ControlServer
+    from gaudi_cluster.view.liveview import LiveView
+    from gaudi_cluster.wire import protocol
 
     from bench.common import APP
 
-    logging.getLogger("gaudi_cluster.control").setLevel(logging.ERROR)
+    logging.getLogger("gaudi_cluster.supervise.control").setLevel(logging.ERROR)
     token = protocol.new_token()
     server = ControlServer(
         "127.0.0.1", 0, "bench-job", 30.0, token, dict.fromkeys(range(ranks), "bench-host")

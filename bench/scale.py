@@ -200,8 +200,9 @@ def run(ctx: Ctx, results_dir: Path) -> list[Row]:
 
 
 def render_once(n: int) -> float:
-    from gaudi_cluster import envfile, jobenv, launchers, plan
-    from gaudi_cluster.hostfile import HostEntry, make_hostfile, render_hostfile
+    from gaudi_cluster.env import envfile, jobenv
+    from gaudi_cluster.launch import launchers, plan
+    from gaudi_cluster.nodes.hostfile import HostEntry, make_hostfile, render_hostfile
 
     environ = {**os.environ, "DS_ACCELERATOR": "cpu", "PATH": "/opt/venv/bin:/usr/bin:/bin"}
     t = time.perf_counter()

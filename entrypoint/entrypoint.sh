@@ -9,7 +9,7 @@
 #                                   (K_MPI_JOB_ROLE), index 0 of an Indexed Job (JOB_COMPLETION_INDEX)
 #                                   or node 0 of a Slurm step (SLURM_NODEID) is the master, any other
 #                                   node a worker (which ignores JOB); a Slurm worker ends once its
-#                                   master releases it or is gone (python -m gaudi_cluster.nodewatch)
+#                                   master releases it or is gone (python -m gaudi_cluster.engines.nodewatch)
 #   entrypoint.sh --flag ...        `gaudi-cluster --flag ...` (e.g. --help)
 #   entrypoint.sh CMD [ARGS...]     CMD passes through (docker run IMAGE bash -c 'echo ok')
 #
@@ -234,7 +234,7 @@ ep_run_slurm_worker() {
 	local master="$1" port
 	port="$(ep_ssh_port)"
 	ep_prepare worker "$port"
-	exec python3 -m gaudi_cluster.nodewatch follow --master "$master" -- \
+	exec python3 -m gaudi_cluster.engines.nodewatch follow --master "$master" -- \
 		setpriv --pdeathsig TERM -- /usr/sbin/sshd -D -e -p "$port"
 }
 
@@ -270,7 +270,7 @@ ep_run_master() {
 # ep_run_auto [JOB...]: the role the engine gives this node (see the header).
 ep_run_auto() {
 	local found role engine master
-	found="$(python3 -m gaudi_cluster.nodewatch role)" || exit "$?"
+	found="$(python3 -m gaudi_cluster.engines.nodewatch role)" || exit "$?"
 	read -r role engine master <<<"$found"
 	case "$role" in
 		master) ep_run_master "$@" ;;

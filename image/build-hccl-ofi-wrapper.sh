@@ -5,7 +5,7 @@
 # host-NIC scale-out: EFA, verbs) and fail the build unless
 #   - its plugin interface is the one the profile's HCCL expects (check-hccl-ofi-wrapper.sh), and
 #   - the loader resolves it, and its libfabric, to what was just built against ($LD_LIBRARY_PATH).
-# Inputs are build arguments (make image passes them from app/gaudi_cluster/profiles.json).
+# Inputs are build arguments (make image passes them from app/gaudi_cluster/settings/profiles.json).
 set -Eeuo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

@@ -4,7 +4,7 @@
 #                              offline. gaudi: nothing to build (the base's Python is used); an empty
 #                              /opt/venv keeps the Dockerfile's COPY --from identical for both flavors.
 #   runtime   (final stage)    gaudi: Habana's DeepSpeed fork + optimum-habana and its stack (the profile's
-#                              pins, build arguments from app/gaudi_cluster/profiles.json), checked: Habana's
+#                              pins, build arguments from app/gaudi_cluster/settings/profiles.json), checked: Habana's
 #                              torch untouched, the fork's version and commit; /opt/gaudi-cluster/PROFILE.
 #                              both: the .pth that puts /opt/gaudi-cluster/app on sys.path, the
 #                              `gaudi-cluster` and `gaudi_spawn.py` launchers.

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import NoReturn
 
 from gaudi_cluster import __version__
-from gaudi_cluster.config import DEFAULT_JOB_ROOT, add_config_flags, resolve_config
 from gaudi_cluster.errors import ConfigError, GaudiClusterError
-from gaudi_cluster.liveview import configure_logging
+from gaudi_cluster.settings.config import DEFAULT_JOB_ROOT, add_config_flags, resolve_config
+from gaudi_cluster.view.liveview import configure_logging
 
 log = logging.getLogger("gaudi_cluster")
 
@@ -287,17 +287,17 @@ def _main(args_list: list[str]) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "reap":
-        from gaudi_cluster.reap import reap_job
+        from gaudi_cluster.rank.reap import reap_job
 
         killed = reap_job(Path(args.job_root), args.job_id)
         log.info("job %s: %d leftover processes killed", args.job_id, len(killed))
         return 0
     if args.command == "status":
-        from gaudi_cluster import status
+        from gaudi_cluster.view import status
 
         return status.main(Path(args.job_root), args.job_id, args.json)
     if args.command == "probe":
-        from gaudi_cluster import probe
+        from gaudi_cluster.nodes import probe
 
         return probe.run(
             args.path,
@@ -310,7 +310,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             args.check_fabric,
         )
     if args.command == "hostfile":
-        from gaudi_cluster.hostfile import read_hostfile, render_hostfile
+        from gaudi_cluster.nodes.hostfile import read_hostfile, render_hostfile
 
         hostfile = read_hostfile(args.path)
         sys.stdout.write(render_hostfile(hostfile))

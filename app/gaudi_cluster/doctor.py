@@ -11,11 +11,11 @@ import sys
 from collections.abc import Mapping
 from typing import TextIO
 
-from gaudi_cluster import checks
-from gaudi_cluster.config import ClusterConfig
-from gaudi_cluster.prepare import job_env_for, user_env_files
-from gaudi_cluster.program import output_dir, program_from_args, required_paths, resolve_accelerator
-from gaudi_cluster.survey import survey_nodes
+from gaudi_cluster.launch.prepare import job_env_for, user_env_files
+from gaudi_cluster.launch.program import output_dir, program_from_args, required_paths, resolve_accelerator
+from gaudi_cluster.nodes import checks
+from gaudi_cluster.nodes.survey import survey_nodes
+from gaudi_cluster.settings.config import ClusterConfig
 
 
 def run_doctor(

@@ -15,17 +15,22 @@ from collections.abc import Mapping, Sequence, Set
 from pathlib import Path
 from typing import TextIO
 
-from gaudi_cluster import engine, jobdir, nodewatch, plan, report, ssh
-from gaudi_cluster.config import ClusterConfig
-from gaudi_cluster.control import ControlServer
-from gaudi_cluster.hostfile import render_hostfile
-from gaudi_cluster.outcome import JobOutcome, should_restart
-from gaudi_cluster.plan import LaunchOptions
-from gaudi_cluster.prepare import PreparedJob, prepare, print_dry_run, stable_hostfile_path
-from gaudi_cluster.program import program_from_args, resolve_accelerator
-from gaudi_cluster.reap import reap_job
-from gaudi_cluster.status import StatusServer
-from gaudi_cluster.supervise import Supervisor, SupervisorSettings
+from gaudi_cluster.engines import auto as engine
+from gaudi_cluster.engines import nodewatch
+from gaudi_cluster.launch import plan
+from gaudi_cluster.launch.plan import LaunchOptions
+from gaudi_cluster.launch.prepare import PreparedJob, prepare, print_dry_run, stable_hostfile_path
+from gaudi_cluster.launch.program import program_from_args, resolve_accelerator
+from gaudi_cluster.nodes import ssh
+from gaudi_cluster.nodes.hostfile import render_hostfile
+from gaudi_cluster.rank import jobdir
+from gaudi_cluster.rank.reap import reap_job
+from gaudi_cluster.settings.config import ClusterConfig
+from gaudi_cluster.supervise.control import ControlServer
+from gaudi_cluster.supervise.outcome import JobOutcome, should_restart
+from gaudi_cluster.supervise.supervisor import Supervisor, SupervisorSettings
+from gaudi_cluster.view import report
+from gaudi_cluster.view.status import StatusServer
 
 log = logging.getLogger("gaudi_cluster.master")
 

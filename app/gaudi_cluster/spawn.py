@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from gaudi_cluster.compat import (
+from gaudi_cluster.compat.translate import (
     DEFAULT_MASTER_PORT,
     SpawnConfigError,
     SpawnRequest,
@@ -30,10 +30,10 @@ from gaudi_cluster.compat import (
     parse_gaudi_spawn_args,
     validate_spawn_request,
 )
-from gaudi_cluster.config import resolve_config
 from gaudi_cluster.errors import ConfigError, GaudiClusterError
-from gaudi_cluster.liveview import configure_logging
 from gaudi_cluster.master import run_master
+from gaudi_cluster.settings.config import resolve_config
+from gaudi_cluster.view.liveview import configure_logging
 
 SpawnRunner = Callable[[SpawnRequest, bool], int | None]
 _OPERATORS = ";&|<>()"

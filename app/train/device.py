@@ -72,7 +72,7 @@ def flag_true(argv: list[str], name: str) -> bool:
 
 def env_true(name: str, env: dict[str, str] | None = None) -> bool:
     """An environment switch, read with the control plane's one set of words (unset or empty: off)."""
-    from gaudi_cluster.config import parse_bool
+    from gaudi_cluster.settings.config import parse_bool
 
     value = (os.environ if env is None else env).get(name, "")
     try:

@@ -55,7 +55,7 @@ def emit(event: str, t: float | None = None, **fields: object) -> None:
 
 
 def _echo() -> bool:
-    from gaudi_cluster.config import parse_bool  # the control plane's one set of words
+    from gaudi_cluster.settings.config import parse_bool  # the control plane's one set of words
 
     try:
         return parse_bool(os.environ.get("GAUDI_CLUSTER_ECHO_EVENTS", ""))

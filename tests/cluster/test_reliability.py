@@ -64,9 +64,9 @@ def job_processes(cluster, name: str) -> list[str]:
     return [
         line
         for line in done.stdout.splitlines()
-        if "gaudi_cluster.agent" in line
-        or "gaudi_cluster.node" in line
-        or "gaudi_cluster.fanout" in line
+        if "gaudi_cluster.rank.agent" in line
+        or "gaudi_cluster.launch.node" in line
+        or "gaudi_cluster.launch.fanout" in line
         or "run_clm" in line
         or "deepspeed.launcher" in line
         or "allreduce" in line

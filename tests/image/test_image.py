@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from gaudi_cluster.ssh import KEX_ALGORITHMS
+from gaudi_cluster.nodes.ssh import KEX_ALGORITHMS
 
 from tests.support.docker import (
     SSH_DIR,
@@ -259,7 +259,7 @@ def test_ssh_client_config(host):
     assert config["serveraliveinterval"] == "5"
     assert config["serveralivecountmax"] == "3"
     assert config["loglevel"] == "ERROR"
-    # the cheap key exchange first (see gaudi_cluster/ssh.py), and the same list the control plane uses
+    # the cheap key exchange first (see gaudi_cluster/nodes/ssh.py), and the same list the control plane uses
     assert config["kexalgorithms"] == KEX_ALGORITHMS
 
 

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from gaudi_cluster import profiles
+from gaudi_cluster.settings import profiles
 
 pytestmark = [pytest.mark.slow]
 

@@ -12,7 +12,7 @@ import re
 import time
 
 import pytest
-from gaudi_cluster import slurm as slurm_lists
+from gaudi_cluster.nodes import slurm as slurm_lists
 from train.checkpoints import COMPLETE_MARKER
 
 from tests.support.docker import wait_until

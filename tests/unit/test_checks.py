@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from gaudi_cluster.checks import Finding, blocking, check_nodes, render_json, render_table
+from gaudi_cluster.nodes.checks import Finding, blocking, check_nodes, render_json, render_table
 
 GIB = 1 << 30
 

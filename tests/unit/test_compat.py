@@ -5,9 +5,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from gaudi_cluster.compat import SpawnRequest, parse_gaudi_spawn_args
+from gaudi_cluster.compat.translate import SpawnRequest, parse_gaudi_spawn_args
 from gaudi_cluster.errors import ConfigError
-from gaudi_cluster.hostfile import parse_hostfile
+from gaudi_cluster.nodes.hostfile import parse_hostfile
 from gaudi_cluster.spawn import DistributedRunner, commands_from_list, main
 
 REPO = Path(__file__).resolve().parents[2]

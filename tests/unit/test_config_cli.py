@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from gaudi_cluster.cli import main
-from gaudi_cluster.config import ClusterConfig, resolve_config
 from gaudi_cluster.errors import ConfigError
+from gaudi_cluster.settings.config import ClusterConfig, resolve_config
 
 
 def test_flags_win_over_env_and_env_over_defaults():

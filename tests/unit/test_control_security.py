@@ -13,9 +13,9 @@ import threading
 import time
 
 import pytest
-from gaudi_cluster import protocol
-from gaudi_cluster.channel import Channel, authenticate, connect
-from gaudi_cluster.control import ControlServer
+from gaudi_cluster.supervise.control import ControlServer
+from gaudi_cluster.wire import protocol
+from gaudi_cluster.wire.channel import Channel, authenticate, connect
 
 from tests.support.ports import free_port
 
@@ -59,7 +59,7 @@ def test_the_right_secret_is_admitted(server):
 
 
 def test_a_wrong_secret_is_refused_and_logged_once_with_the_peer(server, caplog):
-    caplog.set_level(logging.WARNING, "gaudi_cluster.control")
+    caplog.set_level(logging.WARNING, "gaudi_cluster.supervise.control")
     for _ in range(3):
         with pytest.raises(ConnectionError, match="refused this rank: wrong job secret"):
             join(server, token=protocol.new_token())

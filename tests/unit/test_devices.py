@@ -3,7 +3,8 @@ from __future__ import annotations
 import sys
 
 import pytest
-from gaudi_cluster.devices import (
+from gaudi_cluster.errors import ConfigError
+from gaudi_cluster.nodes.devices import (
     HL_SMI_INDEX,
     NVIDIA_SMI_LIST,
     cuda_visible_count,
@@ -11,7 +12,6 @@ from gaudi_cluster.devices import (
     detect_accelerator,
     detect_slots,
 )
-from gaudi_cluster.errors import ConfigError
 
 GAUDI_DEV = ["accel0", "accel1", "accel_controlD0", "accel_controlD1", "accel2", "accel3"]
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from gaudi_cluster.diagnosis import explain, final_exception, hint_for
-from gaudi_cluster.outcome import RankFailure
+from gaudi_cluster.supervise.outcome import RankFailure
+from gaudi_cluster.view.diagnosis import explain, final_exception, hint_for
 
 ENOSPC = [
     "Traceback (most recent call last):",

@@ -6,11 +6,11 @@ import json
 
 import pytest
 from gaudi_cluster.errors import ConfigError
-from gaudi_cluster.fanout import node_command
-from gaudi_cluster.hostfile import HostEntry, Hostfile
-from gaudi_cluster.launchers import plan_for
-from gaudi_cluster.node import agent_command, rank_environments
-from gaudi_cluster.plan import AgentSettings, PlanInputs
+from gaudi_cluster.launch.fanout import node_command
+from gaudi_cluster.launch.launchers import plan_for
+from gaudi_cluster.launch.node import agent_command, rank_environments
+from gaudi_cluster.launch.plan import AgentSettings, PlanInputs
+from gaudi_cluster.nodes.hostfile import HostEntry, Hostfile
 
 PY = "/opt/venv/bin/python"
 AGENT = AgentSettings("j1", "/run/gaudi-cluster/jobs", 10.0, "10.0.0.1:29400")
@@ -38,15 +38,15 @@ def inputs(**over) -> PlanInputs:
 
 def test_the_plan_is_one_fanout_with_a_spec_per_node():
     plan = plan_for("direct", inputs())
-    assert plan.argv == (PY, "-u", "-m", "gaudi_cluster.fanout")
+    assert plan.argv == (PY, "-u", "-m", "gaudi_cluster.launch.fanout")
     launch = json.loads(plan.stdin)
     assert [(n["host"], n["here"]) for n in launch["nodes"]] == [("10.0.0.1", True), ("10.0.0.2", False)]
     second = launch["nodes"][1]["spec"]
     assert (second["node_rank"], second["nnodes"], second["first_rank"], second["slots"]) == (1, 2, 2, [0, 1])
     assert second["agent_args"][-6:] == ["--", PY, "-u", "/w/train.py", "--lr", "1"]
-    assert node_command(launch["nodes"][0], launch) == [PY, "-u", "-m", "gaudi_cluster.node"]
+    assert node_command(launch["nodes"][0], launch) == [PY, "-u", "-m", "gaudi_cluster.launch.node"]
     assert node_command(launch["nodes"][1], launch) == [
-        "ssh", "-T", "-F", "/j/ssh_config", "10.0.0.2", f"{PY} -u -m gaudi_cluster.node",
+        "ssh", "-T", "-F", "/j/ssh_config", "10.0.0.2", f"{PY} -u -m gaudi_cluster.launch.node",
     ]  # fmt: skip
 
 
@@ -68,7 +68,7 @@ def test_each_rank_gets_what_deepspeeds_launch_py_sets():
         assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("10.0.0.1", "29500")
         assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
         assert env["PYTHONPATH"] == "/w:/opt/app" and env["HCCL_X"] == "1" and env["PATH"] == "/bin"
-    assert agent_command(spec)[:4] == [PY, "-u", "-m", "gaudi_cluster.agent"]
+    assert agent_command(spec)[:4] == [PY, "-u", "-m", "gaudi_cluster.rank.agent"]
 
 
 def test_a_local_job_starts_every_node_here():

@@ -3,7 +3,8 @@ from __future__ import annotations
 import socket
 
 import pytest
-from gaudi_cluster.discovery import (
+from gaudi_cluster.errors import ClusterNotReady, ConfigError
+from gaudi_cluster.nodes.discovery import (
     DiscoverySpec,
     Peer,
     default_resolve,
@@ -18,7 +19,6 @@ from gaudi_cluster.discovery import (
     peers_from_static,
     wait_for_peers,
 )
-from gaudi_cluster.errors import ClusterNotReady, ConfigError
 
 
 @pytest.mark.parametrize(

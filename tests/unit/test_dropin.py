@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from gaudi_cluster.compat import SpawnRequest, options_for_spawn, parse_gaudi_spawn_args
+from gaudi_cluster.compat.translate import SpawnRequest, options_for_spawn, parse_gaudi_spawn_args
 from gaudi_cluster.spawn import DistributedRunner, command_words
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -124,7 +124,7 @@ def test_golden_deepspeed_command_with_runner_flags(tmp_path):
     want = (
         f"-m deepspeed.launcher.runner --hostfile {tmp_path}/jobs/dry-run/hostfile --master_addr 10.9.9.9 "
         "--master_port 29500 --ssh_port 2222 --no_ssh_check --no_local_rank --force_multi "
-        "--exclude n2:3 --bind_core_list 0-7 --launcher_args '-f 64' --module gaudi_cluster.agent"
+        "--exclude n2:3 --bind_core_list 0-7 --launcher_args '-f 64' --module gaudi_cluster.rank.agent"
     )
     assert want in command
     assert command.rstrip().endswith(f"-- {sys.executable} -u {tmp_path}/s.py --lr 1")

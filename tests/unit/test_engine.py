@@ -1,4 +1,4 @@
-"""The role `auto`, engine defaults, a Slurm worker's end (gaudi_cluster.engine), the nodewatch
+"""The role `auto`, engine defaults, a Slurm worker's end (gaudi_cluster.engines.auto), the nodewatch
 helpers, the identity lookup for the MPI Operator's key, and the shipped sbatch script (dry run)."""
 
 from __future__ import annotations
@@ -9,9 +9,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from gaudi_cluster import engine, nodewatch, ssh
-from gaudi_cluster.config import ClusterConfig, resolve_config
+from gaudi_cluster.engines import auto as engine
+from gaudi_cluster.engines import nodewatch
 from gaudi_cluster.errors import ConfigError
+from gaudi_cluster.nodes import ssh
+from gaudi_cluster.settings.config import ClusterConfig, resolve_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SBATCH = ROOT / "slurm" / "gaudi-cluster.sbatch"
@@ -117,7 +119,7 @@ def test_worker_stopped_by_slurm_waits_for_its_ranks_then_exits_0():
 
 def test_agents_running_reads_proc(tmp_path):
     (tmp_path / "12").mkdir()
-    (tmp_path / "12" / "cmdline").write_bytes(b"/usr/bin/python\0-m\0gaudi_cluster.agent\0--job-id\0x\0")
+    (tmp_path / "12" / "cmdline").write_bytes(b"/usr/bin/python\0-m\0gaudi_cluster.rank.agent\0--job-id\0x\0")
     (tmp_path / "13").mkdir()
     (tmp_path / "13" / "cmdline").write_bytes(b"/usr/sbin/sshd\0-D\0")
     (tmp_path / "self").mkdir()
@@ -201,7 +203,7 @@ def test_sbatch_refuses_an_unknown_mode_and_a_missing_key():
 
 
 def test_master_releases_the_other_nodes_of_the_step_but_not_lost_ones(tmp_path, monkeypatch):
-    from gaudi_cluster import nodewatch
+    from gaudi_cluster.engines import nodewatch
 
     calls = []
 
@@ -215,7 +217,7 @@ def test_master_releases_the_other_nodes_of_the_step_but_not_lost_ones(tmp_path,
     nodewatch.release_workers(config, env, None, 1, skip={"gaudi03"})
     ((hosts, command, ssh_config),) = calls
     assert hosts == ["gaudi02"]
-    assert command[-6:] == ["gaudi_cluster.nodewatch", "release", "--key", "77.0", "--exit-code", "1"]
+    assert command[-6:] == ["gaudi_cluster.engines.nodewatch", "release", "--key", "77.0", "--exit-code", "1"]
     assert "BatchMode yes" in ssh_config
     calls.clear()
     nodewatch.release_workers(config, {"GAUDI_CLUSTER_PEERS": "a,b"}, None, 0)

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import pytest
-from gaudi_cluster.envfile import (
+from gaudi_cluster.env.envfile import (
     EnvFile,
     is_forwarded,
     is_secret,
@@ -11,9 +11,9 @@ from gaudi_cluster.envfile import (
     split_assignments,
     value_problem,
 )
+from gaudi_cluster.env.jobenv import build_env_file
+from gaudi_cluster.env.presets import GAUDINIC_DEFAULTS, PRESETS, default_socket_ifname
 from gaudi_cluster.errors import ConfigError
-from gaudi_cluster.jobenv import build_env_file
-from gaudi_cluster.presets import GAUDINIC_DEFAULTS, PRESETS, default_socket_ifname
 from hypothesis import given
 from hypothesis import strategies as st
 

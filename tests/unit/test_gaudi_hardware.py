@@ -13,7 +13,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from gaudi_cluster import devices, presets, probe
+from gaudi_cluster.env import presets
+from gaudi_cluster.nodes import devices, probe
 
 HPU_DIR = Path(__file__).resolve().parents[1] / "cluster" / "hpu"
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 from gaudi_cluster.errors import ConfigError
-from gaudi_cluster.hostfile import (
+from gaudi_cluster.nodes.hostfile import (
     HostEntry,
     Hostfile,
     make_hostfile,

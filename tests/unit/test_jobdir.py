@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from gaudi_cluster import jobdir
+from gaudi_cluster.rank import jobdir
 
 
 def test_private_file_is_owner_only_and_round_trips(tmp_path):

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from gaudi_cluster import jobenv
-from gaudi_cluster.envfile import EnvFile, is_secret
-from gaudi_cluster.errors import ConfigError
-from gaudi_cluster.jobenv import (
+from gaudi_cluster.env import jobenv
+from gaudi_cluster.env.envfile import EnvFile, is_secret
+from gaudi_cluster.env.jobenv import (
     UserEnvFile,
     describe,
     job_env,
@@ -14,6 +13,7 @@ from gaudi_cluster.jobenv import (
     read_user_env_files,
     user_env_paths,
 )
+from gaudi_cluster.errors import ConfigError
 
 SECRETS = [
     "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "GITHUB_TOKEN", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",

@@ -8,10 +8,11 @@ import socket
 from dataclasses import dataclass, field
 
 import pytest
-from gaudi_cluster import protocol, report, status
 from gaudi_cluster.errors import ClusterNotReady, ConfigError
-from gaudi_cluster.jobview import RateMeter, StragglerWatch, live_line, render_table, status_rows
-from gaudi_cluster.liveview import LiveView
+from gaudi_cluster.view import report, status
+from gaudi_cluster.view.jobview import RateMeter, StragglerWatch, live_line, render_table, status_rows
+from gaudi_cluster.view.liveview import LiveView
+from gaudi_cluster.wire import protocol
 
 
 @dataclass
@@ -185,7 +186,7 @@ def test_a_beat_carries_each_step_once_and_stays_under_1_kb():
 def test_verbose_logging_adds_our_debug_lines_only(monkeypatch):
     import logging
 
-    from gaudi_cluster.liveview import configure_logging
+    from gaudi_cluster.view.liveview import configure_logging
 
     root = logging.getLogger()
     monkeypatch.setattr(root, "handlers", [])
@@ -193,6 +194,6 @@ def test_verbose_logging_adds_our_debug_lines_only(monkeypatch):
     ours = logging.getLogger("gaudi_cluster")
     monkeypatch.setattr(ours, "level", logging.NOTSET)
     configure_logging(verbose=True)
-    assert logging.getLogger("gaudi_cluster.supervise").isEnabledFor(logging.DEBUG)
+    assert logging.getLogger("gaudi_cluster.supervise.supervisor").isEnabledFor(logging.DEBUG)
     assert not logging.getLogger("matplotlib.font_manager").isEnabledFor(logging.DEBUG)
     assert logging.getLogger("matplotlib.font_manager").isEnabledFor(logging.INFO)

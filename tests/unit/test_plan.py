@@ -7,9 +7,8 @@ import subprocess
 
 import pytest
 from gaudi_cluster.errors import ConfigError
-from gaudi_cluster.hostfile import HostEntry, Hostfile
-from gaudi_cluster.launchers import deepspeed_plan, mpirun_plan, plan_for, torchrun_plan
-from gaudi_cluster.plan import (
+from gaudi_cluster.launch.launchers import deepspeed_plan, mpirun_plan, plan_for, torchrun_plan
+from gaudi_cluster.launch.plan import (
     AgentSettings,
     LaunchPlan,
     PlanInputs,
@@ -17,6 +16,7 @@ from gaudi_cluster.plan import (
     rank_command,
     render_shell,
 )
+from gaudi_cluster.nodes.hostfile import HostEntry, Hostfile
 
 from tests.support import ds_reference as ds
 
@@ -73,11 +73,12 @@ def ds_kwargs(**over):
 
 def test_rank_command_golden():
     assert rank_command(AGENT, ["prog", "a"], PY) == [
-        PY, "-u", "-m", "gaudi_cluster.agent", *AGENT_ARGS, "--control", "10.0.0.1:29400", "--", "prog", "a",
+        PY, "-u", "-m", "gaudi_cluster.rank.agent", *AGENT_ARGS,
+        "--control", "10.0.0.1:29400", "--", "prog", "a",
     ]  # fmt: skip
     unsupervised = AgentSettings("j1", "/run/gaudi-cluster/jobs", 10.0, None)
     assert rank_command(unsupervised, ["prog"], PY) == [
-        PY, "-u", "-m", "gaudi_cluster.agent", *AGENT_ARGS, "--", "prog",
+        PY, "-u", "-m", "gaudi_cluster.rank.agent", *AGENT_ARGS, "--", "prog",
     ]  # fmt: skip
 
 
@@ -93,7 +94,7 @@ def test_deepspeed_plan_golden():
         PY, "-m", "deepspeed.launcher.runner",
         "--hostfile", "/run/gaudi-cluster/jobs/j1/hostfile",
         "--master_addr", "10.0.0.1", "--master_port", "29500", "--ssh_port", "3022",
-        "--no_ssh_check", "--no_local_rank", "--force_multi", "--module", "gaudi_cluster.agent",
+        "--no_ssh_check", "--no_local_rank", "--force_multi", "--module", "gaudi_cluster.rank.agent",
         *AGENT_ARGS, "--control", "10.0.0.1:29400", "--",
         PY, "-u", "/opt/gaudi-cluster/app/train/run_clm.py", "--flag", "value with space",
     )  # fmt: skip
@@ -107,7 +108,7 @@ def test_deepspeed_plan_without_ssh_config_or_control():
     unsupervised = AgentSettings("j1", "/run/gaudi-cluster/jobs", 10.0, None)
     plan = deepspeed_plan(**ds_kwargs(ssh_config_path=None, agent=unsupervised, program=["p"]))
     assert dict(plan.env) == {"DS_ENV_FILE": "/run/gaudi-cluster/jobs/j1/deepspeed_env"}
-    assert plan.argv[-9:] == ("gaudi_cluster.agent", *AGENT_ARGS, "--", "p")
+    assert plan.argv[-9:] == ("gaudi_cluster.rank.agent", *AGENT_ARGS, "--", "p")
 
 
 def test_deepspeed_plan_no_agent_uses_no_python():
@@ -158,7 +159,7 @@ def test_runner_argparse_keeps_agent_args_and_double_dash():
     plan = deepspeed_plan(**ds_kwargs(program=["p", "--", "--help", "-h"]))
     ns = _ds_runner_parser().parse_args(list(plan.argv[3:]))
     assert ns.module and ns.force_multi and ns.no_local_rank
-    assert ns.user_script == "gaudi_cluster.agent"
+    assert ns.user_script == "gaudi_cluster.rank.agent"
     assert ns.user_args == [*AGENT_ARGS, "--control", "10.0.0.1:29400", "--", "p", "--", "--help", "-h"]
 
 
@@ -256,7 +257,7 @@ RANK_TAIL = (
     PY,
     "-u",
     "-m",
-    "gaudi_cluster.agent",
+    "gaudi_cluster.rank.agent",
     *AGENT_ARGS,
     "--control",
     "10.0.0.1:29400",
@@ -309,7 +310,7 @@ def test_torchrun_plan_golden():
     assert plan.argv == (
         PY, "-m", "torch.distributed.run", "--nnodes", "1", "--node_rank", "0", "--nproc_per_node", "8",
         "--master_addr", "127.0.0.1", "--master_port", "29501",
-        "--module", "gaudi_cluster.agent",
+        "--module", "gaudi_cluster.rank.agent",
         *AGENT_ARGS, "--control", "10.0.0.1:29400", "--", "prog", "a b",
     )  # fmt: skip
     with pytest.raises(ConfigError):

@@ -1,4 +1,4 @@
-"""The gaudi image profiles (app/gaudi_cluster/profiles.json): internal consistency, the docker build
+"""The gaudi image profiles (app/gaudi_cluster/settings/profiles.json): internal consistency, the docker build
 command `make image` renders from them, and every reader of the matrix agreeing with it."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from gaudi_cluster import profiles
 from gaudi_cluster.aws import facts
 from gaudi_cluster.errors import ConfigError
+from gaudi_cluster.settings import profiles
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 

@@ -5,11 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from gaudi_cluster import config as config_module
-from gaudi_cluster.config import ClusterConfig, parse_bool
-from gaudi_cluster.jobenv import auto_preset, collective_timeouts, job_env
-from gaudi_cluster.outcome import JobOutcome, JobState, RankFailure, should_restart
-from gaudi_cluster.program import (
+from gaudi_cluster.env.jobenv import auto_preset, collective_timeouts, job_env
+from gaudi_cluster.launch.program import (
     DEFAULT_SCRIPT,
     default_program,
     output_dir,
@@ -17,6 +14,9 @@ from gaudi_cluster.program import (
     required_paths,
     resolve_accelerator,
 )
+from gaudi_cluster.settings import config as config_module
+from gaudi_cluster.settings.config import ClusterConfig, parse_bool
+from gaudi_cluster.supervise.outcome import JobOutcome, JobState, RankFailure, should_restart
 
 PY = "/opt/venv/bin/python"
 
@@ -67,7 +67,7 @@ def test_output_dir_is_the_programs_then_the_clusters_then_the_working_dir(monke
     assert output_dir([PY, "t.py", "--output_dir=/o"], {}) == "/o"
     assert output_dir([PY, "t.py"], {"GAUDI_CLUSTER_OUTPUT_DIR": "/c"}) == "/c"
     # In the image the output volume exists; on a host it does not and is never created for a report.
-    monkeypatch.setattr("gaudi_cluster.program.DEFAULT_OUTPUT", str(tmp_path / "output"))
+    monkeypatch.setattr("gaudi_cluster.launch.program.DEFAULT_OUTPUT", str(tmp_path / "output"))
     assert output_dir([PY, "t.py"], {}, cwd="/home/u/job") == "/home/u/job"
     (tmp_path / "output").mkdir()
     assert output_dir([PY, "t.py"], {}, cwd="/home/u/job") == str(tmp_path / "output")

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from gaudi_cluster import presets
-from gaudi_cluster.checks import Finding, blocking, check_nodes
+from gaudi_cluster.env import presets
+from gaudi_cluster.env.jobenv import UserEnvFile, choose_preset, describe, job_env
 from gaudi_cluster.errors import ConfigError
-from gaudi_cluster.jobenv import UserEnvFile, choose_preset, describe, job_env
+from gaudi_cluster.nodes.checks import Finding, blocking, check_nodes
 
 EFA_NODE = {"uverbs_devices": ["/dev/infiniband/uverbs0"], "efa_provider": True}
 INTERFACES = [

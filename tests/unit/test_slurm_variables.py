@@ -1,4 +1,5 @@
-"""Slurm's host lists and job-step variables (gaudi_cluster.slurm), and the slots they leave to the node.
+"""Slurm's host lists and job-step variables (gaudi_cluster.nodes.slurm), and the slots they leave to
+the node.
 
 The expected expansions are what `scontrol show hostnames` of Slurm 22.05 prints (checked against the
 real one in tests/slurm on every `make test`); here they guard the parser without a Slurm.
@@ -7,8 +8,8 @@ real one in tests/slurm on every `make test`); here they guard the parser withou
 from __future__ import annotations
 
 import pytest
-from gaudi_cluster import devices, slurm
 from gaudi_cluster.errors import ConfigError
+from gaudi_cluster.nodes import devices, slurm
 
 
 @pytest.mark.parametrize(

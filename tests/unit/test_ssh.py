@@ -6,7 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from gaudi_cluster.ssh import KEX_ALGORITHMS, SshResult, explain_ssh_failure, ssh_argv, write_ssh_config
+from gaudi_cluster.nodes.ssh import KEX_ALGORITHMS, SshResult, explain_ssh_failure, ssh_argv, write_ssh_config
 
 
 def effective(config: Path, host: str = "node-1") -> dict[str, str]:

@@ -18,23 +18,23 @@ PURE = {
     "gaudi_cluster.aws.request",
     "gaudi_cluster.aws.spec",
     "gaudi_cluster.aws.userdata",
-    "gaudi_cluster.checks",
-    "gaudi_cluster.compat",
-    "gaudi_cluster.config",
-    "gaudi_cluster.diagnosis",
-    "gaudi_cluster.engine",
-    "gaudi_cluster.envfile",
-    "gaudi_cluster.hostfile",
-    "gaudi_cluster.jobenv",
-    "gaudi_cluster.jobview",
-    "gaudi_cluster.launchers",
-    "gaudi_cluster.outcome",
-    "gaudi_cluster.plan",
-    "gaudi_cluster.presets",
-    "gaudi_cluster.profiles",
-    "gaudi_cluster.program",
-    "gaudi_cluster.setting_types",
-    "gaudi_cluster.slurm",
+    "gaudi_cluster.nodes.checks",
+    "gaudi_cluster.compat.translate",
+    "gaudi_cluster.settings.config",
+    "gaudi_cluster.view.diagnosis",
+    "gaudi_cluster.engines.auto",
+    "gaudi_cluster.env.envfile",
+    "gaudi_cluster.nodes.hostfile",
+    "gaudi_cluster.env.jobenv",
+    "gaudi_cluster.view.jobview",
+    "gaudi_cluster.launch.launchers",
+    "gaudi_cluster.supervise.outcome",
+    "gaudi_cluster.launch.plan",
+    "gaudi_cluster.env.presets",
+    "gaudi_cluster.settings.profiles",
+    "gaudi_cluster.launch.program",
+    "gaudi_cluster.settings.setting_types",
+    "gaudi_cluster.nodes.slurm",
 }
 EDGES = {"subprocess", "socket", "threading"}
 
@@ -103,8 +103,8 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_the_import_graph_is_real():
     graph = import_graph()
-    assert "gaudi_cluster.envfile" in graph["gaudi_cluster.config"]
-    assert "gaudi_cluster.survey" in graph["gaudi_cluster.prepare"]
+    assert "gaudi_cluster.env.envfile" in graph["gaudi_cluster.settings.config"]
+    assert "gaudi_cluster.nodes.survey" in graph["gaudi_cluster.launch.prepare"]
 
 
 def test_no_import_cycle_in_the_shipped_packages():

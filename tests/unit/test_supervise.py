@@ -17,10 +17,11 @@ import time
 from pathlib import Path
 
 import psutil
-from gaudi_cluster import jobdir, protocol
-from gaudi_cluster.control import ControlServer
-from gaudi_cluster.plan import LaunchPlan
-from gaudi_cluster.supervise import Supervisor, SupervisorSettings
+from gaudi_cluster.launch.plan import LaunchPlan
+from gaudi_cluster.rank import jobdir
+from gaudi_cluster.supervise.control import ControlServer
+from gaudi_cluster.supervise.supervisor import Supervisor, SupervisorSettings
+from gaudi_cluster.wire import protocol
 
 from tests.support.ports import free_port
 
@@ -33,7 +34,7 @@ def launcher_for(job_id: str, port: int, programs: list[str], job_root: Path) ->
     for rank, program in enumerate(programs):
         agents.append(
             f"RANK={rank} LOCAL_RANK={rank} WORLD_SIZE={len(programs)} "
-            f"{sys.executable} -u -m gaudi_cluster.agent --job-id {job_id} --job-root {job_root} "
+            f"{sys.executable} -u -m gaudi_cluster.rank.agent --job-id {job_id} --job-root {job_root} "
             f"--heartbeat-timeout 5 --control 127.0.0.1:{port} -- bash -c {program!r} &"
         )
     script = " ".join(agents) + " wait"
@@ -150,7 +151,7 @@ def test_rank_dies_with_its_master(tmp_path):
         [
             sys.executable,
             "-m",
-            "gaudi_cluster.agent",
+            "gaudi_cluster.rank.agent",
             "--job-id",
             "orphan-job",
             "--heartbeat-timeout",
@@ -182,7 +183,7 @@ def test_agent_refuses_to_run_unsupervised(tmp_path):
         [
             sys.executable,
             "-m",
-            "gaudi_cluster.agent",
+            "gaudi_cluster.rank.agent",
             "--job-id",
             "x",
             "--heartbeat-timeout",

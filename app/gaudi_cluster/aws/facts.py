@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from gaudi_cluster import profiles
 from gaudi_cluster.errors import ClusterNotReady
+from gaudi_cluster.settings import profiles
 
 # Every resource of a cluster carries this tag; `down` and `status` find the cluster by it alone.
 TAG_CLUSTER = "gaudi-cluster:cluster-id"
@@ -20,8 +20,9 @@ TAG_ROLE = "gaudi-cluster:role"
 MASTER, WORKER = "master", "worker"
 # Nodes run Ubuntu from the Habana Deep Learning Base AMI; its login user.
 DEFAULT_SSH_USER = "ubuntu"
-# DL1 is first-gen Gaudi: its image and AMI come from the dl1 profile (app/gaudi_cluster/profiles.json),
-# whose Synapse release is the last that supports it; the host driver in the AMI must match it.
+# DL1 is first-gen Gaudi: its image and AMI come from the dl1 profile
+# (app/gaudi_cluster/settings/profiles.json), whose Synapse release is the last that supports it;
+# the host driver in the AMI must match it.
 DL1_PROFILE = profiles.load().profile("dl1")
 DEFAULT_IMAGE = f"gaudi-cluster:{DL1_PROFILE.name}"
 DEFAULT_INSTANCE_TYPE = "dl1.24xlarge"

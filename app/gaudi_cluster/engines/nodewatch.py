@@ -1,0 +1,228 @@
+"""A worker's life under Slurm: its sshd as a child, until the master releases the node (thin).
+
+    python -m gaudi_cluster.engines.nodewatch role
+        the role `auto` resolves to here (engine.auto_role), printed as `ROLE ENGINE MASTER_HOST|-`
+        for the entrypoint; the deciding variable goes to stderr.
+    python -m gaudi_cluster.engines.nodewatch follow --master HOST -- SSHD_ARGV...
+        runs sshd and exits when engine.MasterWatch says so: 0 once released, 1 once the master is
+        gone. SIGTERM (scancel, srun --kill-on-bad-exit) does not end it at once: the ranks on this
+        node got the same stop and are saving a checkpoint, and leaving now would make slurmstepd
+        kill them; it exits 0 once no rank agent runs here any more.
+    python -m gaudi_cluster.engines.nodewatch release --key JOB.STEP [--exit-code N]
+        what the master runs on each worker over ssh at its very end (`release_workers`).
+
+Settings (ports, timeouts, where job state lives) are the GAUDI_CLUSTER_* ones every node reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from gaudi_cluster.engines import auto as engine
+from gaudi_cluster.errors import GaudiClusterError
+from gaudi_cluster.nodes import slurm, ssh
+from gaudi_cluster.settings.config import ClusterConfig, resolve_config
+
+TICK_S = 0.5
+KNOCK_INTERVAL_S = 2.0
+AGENT_MODULE = b"gaudi_cluster.rank.agent"
+# A master that starts later than its workers (an image still being pulled on its node) still has
+# its whole --wait-timeout ahead of it; give it that much and this margin.
+STARTUP_MARGIN_S = 120.0
+
+log = logging.getLogger("gaudi_cluster.master")
+
+
+def say(text: str) -> None:
+    print(f"gaudi-cluster[worker]: {text}", file=sys.stderr, flush=True)
+
+
+def state_dir(config: ClusterConfig) -> Path:
+    """Next to the job directories (/run/gaudi-cluster by default), as the stable hostfile is."""
+    return Path(config.job_root).parent
+
+
+def agents_running(proc: Path = Path("/proc")) -> bool:
+    """Whether a rank agent of any job runs on this node (it watches the master's heartbeat)."""
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if AGENT_MODULE in (entry / "cmdline").read_bytes():
+                return True
+    return False
+
+
+def knock(host: str, port: int, timeout_s: float = 2.0) -> bool:
+    """True when something accepts a TCP connection at host:port (a name that does not resolve: False)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _stop(process: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def follow(master: str, sshd_argv: Sequence[str], config: ClusterConfig, key: str) -> int:
+    marker = state_dir(config) / engine.release_marker_name(key)
+    watch = engine.MasterWatch(
+        master,
+        started_at=time.monotonic(),
+        startup_timeout_s=config.wait_timeout + STARTUP_MARGIN_S,
+        gone_after_s=config.heartbeat_timeout,
+    )
+    stop_requested: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if not stop_requested:
+            say(f"{signal.Signals(signum).name}: the step is ending; waiting for the ranks here to exit")
+        stop_requested.append(signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, on_signal)
+    sshd = subprocess.Popen(list(sshd_argv), stdin=subprocess.DEVNULL)
+    say(f"sshd on port {config.ssh_port}; following the master on {master} (Slurm step {key})")
+    next_knock = 0.0
+    try:
+        while True:
+            code = sshd.poll()
+            if code is not None and not stop_requested:
+                say(f"sshd exited with code {code}; this node can take no ranks")
+                return code or 1
+            now = time.monotonic()
+            released = marker.exists()
+            running = agents_running()
+            answers = None
+            if not released and watch.should_knock(running) and now >= next_knock:
+                answers = knock(master, config.ssh_port)
+                next_knock = now + KNOCK_INTERVAL_S
+            verdict = watch.observe(
+                now,
+                released=released,
+                agents_running=running,
+                master_answers=answers,
+                stop_requested=bool(stop_requested),
+            )
+            if verdict is not None:
+                say(verdict.message)
+                return verdict.exit_code
+            time.sleep(TICK_S)
+    finally:
+        _stop(sshd)
+        with contextlib.suppress(OSError):
+            marker.unlink()
+
+
+def release(config: ClusterConfig, key: str, exit_code: int | None) -> int:
+    directory = state_dir(config)
+    directory.mkdir(parents=True, exist_ok=True)
+    marker = directory / engine.release_marker_name(key)
+    partial = marker.with_name(marker.name + ".tmp")
+    partial.write_text(f"{'' if exit_code is None else exit_code}\n")
+    partial.replace(marker)
+    return 0
+
+
+def release_workers(
+    config: ClusterConfig,
+    environ: Mapping[str, str],
+    ssh_config: Path | None,
+    exit_code: int | None,
+    skip: set[str] | frozenset[str] = frozenset(),
+) -> None:
+    """Master side, in a Slurm step: tell the other nodes the job is over, so their tasks end.
+
+    Whatever the outcome, even before any node was probed. Nodes in `skip` (the master lost contact
+    with them: dead, or cut off) are not tried: their task ends with their node or once they find the
+    master gone, and waiting on their ssh (a name that no longer resolves can take the whole timeout)
+    would only hold the master's exit. Elsewhere (docker run, Kubernetes) nothing happens.
+    """
+    key = slurm.run_key(environ)
+    if key is None or not slurm.in_slurm_step(environ):
+        return
+    try:
+        hosts = slurm.step_hosts(environ)
+        if slurm.node_id(environ) == 0:
+            hosts = hosts[1:]
+        hosts = [host for host in hosts if host not in skip]
+        if not hosts:
+            return
+        if ssh_config is None:
+            directory = Path(config.job_root) / f"release-{key}"
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            ssh_config = ssh.write_ssh_config(
+                directory, config.ssh_port, ssh.default_identity(Path(config.ssh_dir))
+            )
+        command = [sys.executable, "-m", "gaudi_cluster.engines.nodewatch", "release", "--key", key]
+        if exit_code is not None:
+            command += ["--exit-code", str(exit_code)]
+        results = ssh.run_on_hosts(hosts, command, ssh_config, timeout_s=8, connect_timeout_s=2)
+    except (GaudiClusterError, OSError) as error:
+        log.warning("could not release the Slurm step's workers: %s", error)
+        return
+    # Stopped by a signal, the whole step is ending and a worker whose sshd got it too has gone
+    # without needing the release: that is no news.
+    report = log.info if exit_code is not None and exit_code >= 128 else log.warning
+    for host, result in results.items():
+        if not result.ok:
+            report("could not release %s: %s", host, ssh.explain_ssh_failure(result, config.ssh_port))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gaudi_cluster.engines.nodewatch")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("role", help="print the role `auto` resolves to: ROLE ENGINE MASTER_HOST|-")
+    follow_parser = sub.add_parser("follow", help="run sshd until the master releases this node")
+    follow_parser.add_argument("--master", required=True)
+    follow_parser.add_argument("sshd", nargs=argparse.REMAINDER)
+    release_parser = sub.add_parser("release", help="release this node (run by the master over ssh)")
+    release_parser.add_argument("--key", required=True)
+    release_parser.add_argument("--exit-code", type=int, default=None)
+    args = parser.parse_args(argv)
+    try:
+        config = resolve_config({}, os.environ)
+        if args.command == "role":
+            found = engine.auto_role(os.environ, {socket.gethostname(), socket.getfqdn()})
+            print(f"gaudi-cluster[entrypoint]: role auto: {found.role} ({found.reason})", file=sys.stderr)
+            print(f"{found.role} {found.engine} {found.master_host or '-'}")
+            return 0
+        if args.command == "release":
+            return release(config, args.key, args.exit_code)
+        sshd_argv = args.sshd[1:] if args.sshd[:1] == ["--"] else args.sshd
+        key = slurm.run_key(os.environ)
+        if not sshd_argv or key is None:
+            parser.error("follow needs SSHD_ARGV after -- and a Slurm step (SLURM_JOB_ID)")
+        code = follow(args.master, sshd_argv, config, key)
+        # Exit without interpreter shutdown: it restores SIGTERM's default action, and srun's
+        # --kill-on-bad-exit (after the master's non-zero exit) may SIGTERM this task just then; a
+        # task killed by a signal would replace the master's exit code as the job's.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    except GaudiClusterError as error:
+        print(f"gaudi-cluster: error: {error}", file=sys.stderr)
+        return error.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,308 @@
+"""Which variables a job's ranks get, from where, and by which channel. Pure.
+
+Layers, later wins:
+  1. the master's environment, allow-listed (secrets, and values pdsh would rewrite, are left out
+     and reported by name);
+  2. the preset (`auto` picks efa | gaudinic | cpu | none; hostnic when asked) and the collective
+     timeouts;
+  3. the user's own .deepspeed_env files, read as DeepSpeed reads them: ~/NAME, then ./NAME, where
+     NAME is $DS_ENV_FILE or .deepspeed_env;
+  4. --env / GAUDI_CLUSTER_ENV;
+  5. --env-pass NAME: the master's value of NAME, on purpose.
+Variables that must not appear on a command line (secrets) or would not survive pdsh and the remote
+shell verbatim go through the job's private file instead: 0600, on each node, read by the agent.
+HCCL_GAUDI_DIRECT without HCCL_OVER_OFI, from whichever layer, is refused (HCL would terminate).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gaudi_cluster.env.envfile import (
+    LAUNCHER_OWNED,
+    EnvFile,
+    check_variable,
+    is_forwarded,
+    is_secret,
+    parse_env_file,
+    value_problem,
+)
+from gaudi_cluster.env.presets import PRESETS
+from gaudi_cluster.errors import ConfigError
+
+DEFAULT_ENV_FILE_NAME = ".deepspeed_env"
+
+
+def auto_preset(accelerator: str, master_report: Mapping[str, Any]) -> str:
+    """The preset for `--env-preset auto`, from the device kind and what the master's probe saw."""
+    return choose_preset("auto", accelerator, master_report)[0]
+
+
+def choose_preset(preset: str, accelerator: str, master_report: Mapping[str, Any]) -> tuple[str, str]:
+    """(the preset the job gets, why): `auto` follows the device kind and the master's probe. EFA (AWS
+    DL1) shows up as uverbs devices plus libfabric's efa provider; other HPU nodes scale out over their
+    Gaudi NICs. Host NICs (hostnic) are never guessed: they need a verbs-capable libfabric, so are asked
+    for."""
+    if preset != "auto":
+        return preset, "asked for (--env-preset)"
+    if accelerator == "cpu":
+        return "cpu", "auto: cpu ranks"
+    if accelerator != "hpu":
+        return "none", f"auto: {accelerator} ranks"
+    uverbs, efa = master_report.get("uverbs_devices"), master_report.get("efa_provider")
+    if uverbs and efa:
+        return "efa", "auto: EFA uverbs devices and libfabric's efa provider on the master"
+    if not uverbs:
+        return "gaudinic", "auto: no /dev/infiniband/uverbs* on the master, so no EFA"
+    if efa is None:
+        return "gaudinic", "auto: the master's probe has no fi_info to look for EFA"
+    return "gaudinic", "auto: uverbs devices but libfabric has no efa provider on the master"
+
+
+def check_gaudi_direct(values: Mapping[str, str], origin: Callable[[str], str]) -> None:
+    """HCL terminates when HCCL_GAUDI_DIRECT is set without HCCL_OVER_OFI: refuse it before launch."""
+    if "HCCL_GAUDI_DIRECT" not in values:
+        return
+    direct, over_ofi = values["HCCL_GAUDI_DIRECT"], values.get("HCCL_OVER_OFI")
+    if over_ofi is None or (direct == "1" and over_ofi != "1"):
+        shown = "unset" if over_ofi is None else f"{over_ofi} ({origin('HCCL_OVER_OFI')})"
+        raise ConfigError(
+            f"HCCL_GAUDI_DIRECT={direct} ({origin('HCCL_GAUDI_DIRECT')}) with HCCL_OVER_OFI {shown}: HCCL "
+            "stops at start-up when Gaudi Direct is set without OFI; fix: also set HCCL_OVER_OFI=1 "
+            "(--env-preset hostnic sets both) or drop HCCL_GAUDI_DIRECT"
+        )
+
+
+def collective_timeouts(accelerator: str) -> dict[str, str]:
+    """Collective timeouts per backend: gloo on CPU fails fast; HCCL graph compiles take longer."""
+    minutes = "5" if accelerator == "cpu" else "30"
+    return {"DEEPSPEED_TIMEOUT": minutes, "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+
+
+@dataclass(frozen=True)
+class UserEnvFile:
+    path: str
+    values: tuple[tuple[str, str], ...]
+
+
+def user_env_paths(environ: Mapping[str, str], home: str, cwd: str) -> list[str]:
+    """Where DeepSpeed's runner looks, in its order (the later file wins); one path if absolute."""
+    name = environ.get("DS_ENV_FILE") or DEFAULT_ENV_FILE_NAME
+    return list(dict.fromkeys(os.path.join(directory, name) for directory in (home, cwd)))
+
+
+def read_user_env_files(
+    environ: Mapping[str, str], home: str, cwd: str, read_text: Callable[[str], str | None]
+) -> list[UserEnvFile]:
+    """The user's .deepspeed_env files that exist (read_text returns None for a missing file)."""
+    found = []
+    for path in user_env_paths(environ, home, cwd):
+        text = read_text(path)
+        if text is not None:
+            found.append(UserEnvFile(path, parse_env_file(text, path).items))
+    return found
+
+
+def build_env_file(
+    environ: Mapping[str, str], preset: str, extra: Mapping[str, str], socket_ifname: str | None
+) -> EnvFile:
+    """Layers 1, 2 and 4: the allow-listed environment, the preset, then the explicit extras."""
+    if preset not in PRESETS:
+        raise ConfigError(
+            f"GAUDI_CLUSTER_ENV_PRESET='{preset}' is unknown; fix: use one of {', '.join(sorted(PRESETS))}"
+        )
+    values: dict[str, str] = {}
+    dropped: list[tuple[str, str]] = []
+    for name in sorted(environ):
+        if not is_forwarded(name):
+            continue
+        problem = "looks like a secret" if is_secret(name) else value_problem(environ[name])
+        if problem:
+            dropped.append((name, problem))
+            continue
+        values[name] = environ[name]
+    for name, value in PRESETS[preset](environ, socket_ifname).items():
+        check_variable(name, value, f"env preset '{preset}'")
+        values[name] = value
+    for name, value in extra.items():
+        where = f"extra variable {name} (--env / GAUDI_CLUSTER_ENV)"
+        if name in LAUNCHER_OWNED:
+            raise ConfigError(
+                f"{where}: {name} is set by the launcher for every rank; fix: drop it "
+                "(use --master-addr/--master-port for the rendezvous)"
+            )
+        check_variable(name, value, where)
+        values[name] = value
+    return EnvFile(tuple(sorted(values.items())), tuple(dropped))
+
+
+def private_values(
+    user_files: Sequence[UserEnvFile], env_pass: Sequence[str], environ: Mapping[str, str]
+) -> dict[str, str]:
+    """What goes through the job's private file: --env-pass names, and the user files' secrets and
+    values pdsh would rewrite. Known before the survey, so the probe can stage it on every node."""
+    private: dict[str, str] = {}
+    for user_file in user_files:
+        for name, value in user_file.values:
+            if name in LAUNCHER_OWNED:
+                continue
+            private.pop(name, None)
+            if is_secret(name) or value_problem(value):
+                private[name] = value
+    for name in env_pass:
+        if name not in environ:
+            raise ConfigError(
+                f"--env-pass {name}: {name} is not set in the master's environment; "
+                f"fix: export {name} where the master runs (docker run -e {name} ...)"
+            )
+        private[name] = environ[name]
+    return private
+
+
+def job_env(
+    *,
+    preset: str,
+    accelerator: str,
+    master_report: Mapping[str, Any],
+    environ: Mapping[str, str],
+    socket_ifname: str | None,
+    extra: Mapping[str, str],
+    user_files: Sequence[UserEnvFile] = (),
+    env_pass: Sequence[str] = (),
+) -> EnvFile:
+    chosen, why = choose_preset(preset, accelerator, master_report)
+    # build_env_file validates the extras; they are applied again below, above the user's files.
+    base = build_env_file(environ, chosen, {**collective_timeouts(accelerator), **extra}, socket_ifname)
+    private = private_values(user_files, env_pass, environ)
+    public = base.as_dict()
+    from_user: dict[str, None] = {}
+    overridden: dict[str, None] = {}
+    dropped = list(base.dropped)
+    for user_file in user_files:
+        for name, value in user_file.values:
+            if name in LAUNCHER_OWNED:
+                dropped.append((name, f"is set by the launcher for every rank (in {user_file.path})"))
+                continue
+            if name in public or name in from_user:
+                overridden[name] = None
+            from_user[name] = None
+            public.pop(name, None)
+            if name not in private:
+                public[name] = value
+    for name, value in extra.items():
+        if name not in env_pass:
+            private.pop(name, None)
+            public[name] = value
+    for name in private:
+        public.pop(name, None)
+
+    def origin(name: str) -> str:
+        if name in env_pass or name in extra:
+            return "--env-pass" if name in env_pass else "--env / GAUDI_CLUSTER_ENV"
+        files = [f.path for f in user_files if name in dict(f.values)]
+        if files:
+            return files[-1]
+        return (
+            f"env preset '{chosen}'"
+            if name in PRESETS[chosen](environ, socket_ifname)
+            else "the master's env"
+        )
+
+    check_gaudi_direct({**public, **private}, origin)
+    kept = set(env_pass) | set(from_user) | set(extra)
+    return EnvFile(
+        items=tuple(sorted(public.items())),
+        dropped=tuple((name, reason) for name, reason in dropped if name not in kept),
+        private=tuple(sorted(private.items())),
+        from_user=tuple(from_user),
+        overridden=tuple(overridden),
+        preset=chosen,
+        preset_reason=why,
+    )
+
+
+@dataclass(frozen=True)
+class CpuThreads:
+    """OMP_NUM_THREADS for CPU ranks that share a server's cores, and why."""
+
+    threads: int
+    ranks: int
+    cpus: int
+    nodes: tuple[str, ...]
+
+    def line(self) -> str:
+        where = (
+            f"one server: nodes {', '.join(self.nodes)} report the same kernel boot id"
+            if len(self.nodes) > 1
+            else f"node {self.nodes[0]}"
+        )
+        return (
+            f"OMP_NUM_THREADS={self.threads} for every rank: {self.ranks} ranks share {self.cpus} CPUs "
+            f"({where}); --env OMP_NUM_THREADS=N chooses another count"
+        )
+
+
+def cpu_threads_per_rank(
+    ranks_by_host: Mapping[str, int], reports: Mapping[str, Mapping[str, Any]]
+) -> CpuThreads | None:
+    """Threads per CPU rank so that the ranks of one server do not oversubscribe its cores.
+
+    torch gives every process a thread per core: N ranks on one server run N x cores threads, which
+    spin against each other in every collective (3 ranks on 2 cores trained 4x slower than with one
+    thread each). Nodes that report the same boot id are containers of one server. The tightest
+    server sets the count for all (one env file for every node); None when no server has more ranks
+    than one, or a node did not say how many CPUs it has.
+    """
+    servers: dict[str, list[str]] = {}
+    for host in ranks_by_host:
+        report = reports.get(host, {})
+        servers.setdefault(str(report.get("boot_id") or f"host:{host}"), []).append(host)
+    tightest: CpuThreads | None = None
+    for hosts in servers.values():
+        ranks = sum(ranks_by_host[host] for host in hosts)
+        counts = [reports.get(host, {}).get("cpus") for host in hosts]
+        if ranks < 2 or not all(isinstance(c, int) and c > 0 for c in counts):
+            continue
+        cpus = min(counts)
+        found = CpuThreads(max(1, cpus // ranks), ranks, cpus, tuple(hosts))
+        if tightest is None or found.threads < tightest.threads:
+            tightest = found
+    return tightest
+
+
+def with_cpu_threads(env: EnvFile, threads: CpuThreads | None) -> EnvFile:
+    """env with OMP_NUM_THREADS set for oversubscribed CPU ranks, unless someone already chose it."""
+    chosen = env.as_dict()
+    if threads is None or "OMP_NUM_THREADS" in chosen or "OMP_NUM_THREADS" in dict(env.private):
+        return env
+    return replace(env, items=tuple(sorted({**chosen, "OMP_NUM_THREADS": str(threads.threads)}.items())))
+
+
+def describe(env: EnvFile, user_files: Sequence[UserEnvFile]) -> list[str]:
+    """One log line per fact worth knowing about the job's variables: names only, never values."""
+    lines = []
+    if user_files:
+        paths = ", ".join(f.path for f in user_files)
+        over = (
+            f" (replacing the preset's or the master's: {', '.join(env.overridden)})"
+            if env.overridden
+            else ""
+        )
+        lines.append(f"from {paths}: {', '.join(env.from_user) or 'nothing'}{over}")
+    if env.private:
+        lines.append(
+            "delivered privately (0600 file on each node, never on a command line): "
+            + ", ".join(name for name, _ in env.private)
+        )
+    if env.dropped:
+        names = ", ".join(f"{name} ({why})" for name, why in env.dropped)
+        secrets = [name for name, why in env.dropped if why == "looks like a secret"]
+        fix = f"--env-pass {' --env-pass '.join(secrets)} to forward secrets on purpose" if secrets else ""
+        fix += ("; " if fix else "") + "--env NAME=value to set a value the ranks can receive"
+        lines.append(f"warning: not forwarded to the ranks: {names}; fix: {fix}")
+    if env.preset:
+        lines.append(f"env preset: {env.preset} ({env.preset_reason})")
+    return lines

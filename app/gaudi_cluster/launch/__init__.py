@@ -1,0 +1,1 @@
+"""From the survey to running ranks: the program, the launch plan, launchers, the direct fan-out."""

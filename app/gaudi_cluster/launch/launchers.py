@@ -1,0 +1,287 @@
+"""The launchers: one small class per name whose `plan()` returns the command without running it,
+as in DeepSpeed's multinode_runner.py; `plan_for` picks the class from the launcher's name. Pure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+
+from gaudi_cluster.errors import ConfigError
+from gaudi_cluster.launch.plan import (
+    AGENT_MODULE,
+    AgentSettings,
+    LaunchPlan,
+    PlanInputs,
+    no_space,
+    quote_for_pdsh,
+    rank_command,
+)
+from gaudi_cluster.nodes.hostfile import Hostfile, render_mpi_hosts
+
+
+def deepspeed_plan(
+    *,
+    hostfile_path: str,
+    master_addr: str,
+    master_port: int,
+    ssh_port: int,
+    env_file_path: str,
+    program: Sequence[str],
+    python: str = sys.executable,
+    ssh_config_path: str | None = None,
+    agent: AgentSettings,
+    module_agent: bool = True,
+    runner_args: Sequence[str] = (),
+    local: bool = False,
+) -> LaunchPlan:
+    """`deepspeed` runner over pdsh, always multi-node mode (--force_multi) unless `local`.
+
+    --force_multi keeps a one-host job on the pdsh path too: otherwise the runner starts the
+    ranks directly (no shell, so the quoting below would be wrong) and ignores the env file.
+    DS_ENV_FILE must be absolute: the runner joins it to '~' and '.', and os.path.join returns
+    an absolute second part unchanged (so it reads the same file twice, harmlessly).
+    A `local` plan takes the runner's own one-node path: launch.py started directly, argv passed
+    verbatim (no shell, no quoting), the variables inherited from the runner's environment.
+    """
+    if local:
+        argv = [python, "-m", "deepspeed.launcher.runner", "--hostfile", hostfile_path]
+        argv += ["--master_addr", master_addr, "--master_port", str(master_port), "--no_ssh_check"]
+        argv += ["--no_local_rank", *runner_args, "--module", AGENT_MODULE, *agent.args(program)]
+        return LaunchPlan(tuple(argv), {}, "deepspeed")
+    if not os.path.isabs(env_file_path):
+        raise ConfigError(
+            f"env file path '{env_file_path}' is relative (DeepSpeed would look for it under ~ and the cwd); "
+            "fix: pass an absolute path"
+        )
+    no_space(env_file_path, "env file path")
+    argv = [
+        python,
+        "-m",
+        "deepspeed.launcher.runner",
+        "--hostfile",
+        hostfile_path,
+        "--master_addr",
+        master_addr,
+        "--master_port",
+        str(master_port),
+        "--ssh_port",
+        str(ssh_port),
+        "--no_ssh_check",
+        "--no_local_rank",
+        "--force_multi",
+        *runner_args,
+    ]
+    if module_agent:
+        user_script, user_args = AGENT_MODULE, agent.args(program)
+        argv.append("--module")
+    else:
+        if not program:
+            raise ConfigError(
+                "the job has no program to run; fix: give the training command after the options"
+            )
+        user_script, user_args = program[0], list(program[1:])
+        argv.append("--no_python")
+    # The runner never re-quotes the script itself, so it only needs the shell and pdsh layers.
+    argv += [shlex.quote(user_script).replace("%", "%%"), *(quote_for_pdsh(a) for a in user_args)]
+    env = {"DS_ENV_FILE": env_file_path}
+    if ssh_config_path:
+        # pdsh splits this variable on whitespace, so the path must not contain any.
+        env["PDSH_SSH_ARGS_APPEND"] = f"-F {no_space(ssh_config_path, 'ssh config path')}"
+    return LaunchPlan(tuple(argv), env, "deepspeed")
+
+
+def mpirun_plan(
+    *,
+    hostfile: Hostfile,
+    master_addr: str,
+    master_port: int,
+    ssh_port: int,
+    ssh_config_path: str | None,
+    env: Mapping[str, str],
+    program: Sequence[str],
+    python: str = sys.executable,
+    agent: AgentSettings,
+    mpi_root: str | None = None,
+    openmpi_major: int = 4,
+    socket_ifname: str | None = None,
+    launcher_args: str = "",
+    local: bool = False,
+) -> LaunchPlan:
+    """OpenMPI 4 (ORTE, --mca plm_rsh_args) or 5 (PRRTE, --prtemca plm_ssh_args); a `local` plan
+    starts every rank on this node and never uses ssh."""
+    if openmpi_major not in (4, 5):
+        raise ConfigError(f"OpenMPI {openmpi_major} is not supported; fix: use OpenMPI 4 or 5 in the image")
+    argv = ["mpirun", "--allow-run-as-root"]
+    if mpi_root:
+        argv += ["--prefix", mpi_root]
+    argv += ["-n", str(hostfile.world_size), "-H", render_mpi_hosts(hostfile), "--bind-to", "none"]
+    if not local:
+        ssh_args = f"-p {ssh_port}"
+        if ssh_config_path:
+            ssh_args += f" -F {no_space(ssh_config_path, 'ssh config path')}"
+        launch = ("--mca", "plm_rsh_args") if openmpi_major == 4 else ("--prtemca", "plm_ssh_args")
+        argv += [*launch, ssh_args]
+    if openmpi_major == 4:
+        argv += ["--mca", "btl", "^openib"]
+    if socket_ifname and not local:
+        oob = "--mca" if openmpi_major == 4 else "--prtemca"
+        argv += ["--mca", "btl_tcp_if_include", socket_ifname, oob, "oob_tcp_if_include", socket_ifname]
+    argv += shlex.split(launcher_args)
+    exported = {k: v for k, v in env.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+    for name in sorted(exported):
+        argv += ["-x", f"{name}={exported[name]}"]
+    argv += ["-x", f"MASTER_ADDR={master_addr}", "-x", f"MASTER_PORT={master_port}"]
+    argv += rank_command(agent, program, python)
+    return LaunchPlan(tuple(argv), {}, "mpirun")
+
+
+def torchrun_plan(
+    *,
+    nproc_per_node: int,
+    master_port: int,
+    program: Sequence[str],
+    python: str = sys.executable,
+    agent: AgentSettings,
+    master_addr: str = "127.0.0.1",
+) -> LaunchPlan:
+    """Single node. Static rendezvous rather than --standalone, which would ignore master_port
+    and so could not keep two jobs on one box apart."""
+    if nproc_per_node < 1:
+        raise ConfigError(f"nproc_per_node={nproc_per_node} is below 1; fix: run at least one rank")
+    argv = [
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--node_rank",
+        "0",
+        "--nproc_per_node",
+        str(nproc_per_node),
+        "--master_addr",
+        master_addr,
+        "--master_port",
+        str(master_port),
+        "--module",
+        AGENT_MODULE,
+        *agent.args(program),
+    ]
+    return LaunchPlan(tuple(argv), {}, "torchrun")
+
+
+class DeepSpeedLauncher:
+    name = "deepspeed"
+
+    def plan(self, inputs: PlanInputs) -> LaunchPlan:
+        base = deepspeed_plan(
+            hostfile_path=inputs.hostfile_path,
+            master_addr=inputs.master_addr,
+            master_port=inputs.master_port,
+            ssh_port=inputs.ssh_port,
+            env_file_path=inputs.env_path,
+            program=inputs.program,
+            python=inputs.python,
+            ssh_config_path=inputs.ssh_config_path,
+            agent=inputs.agent,
+            runner_args=_runner_args(inputs),
+            local=inputs.local,
+        )
+        # A one-node deepspeed run skips pdsh and the env file: give the launcher the variables too.
+        return LaunchPlan(base.argv, {**inputs.env, **base.env}, base.launcher)
+
+
+def _runner_args(inputs: PlanInputs) -> list[str]:
+    launcher_args = ["--launcher_args", inputs.launcher_args] if inputs.launcher_args else []
+    return [*inputs.runner_args, *launcher_args]
+
+
+class MpirunLauncher:
+    name = "mpirun"
+
+    def plan(self, inputs: PlanInputs) -> LaunchPlan:
+        return mpirun_plan(
+            hostfile=inputs.hostfile,
+            master_addr=inputs.master_addr,
+            master_port=inputs.master_port,
+            ssh_port=inputs.ssh_port,
+            ssh_config_path=inputs.ssh_config_path,
+            env=inputs.env,
+            program=inputs.program,
+            python=inputs.python,
+            agent=inputs.agent,
+            mpi_root=inputs.mpi_root,
+            openmpi_major=inputs.openmpi_major,
+            socket_ifname=inputs.socket_ifname,
+            launcher_args=inputs.launcher_args,
+            local=inputs.local,
+        )
+
+
+class TorchrunLauncher:
+    name = "torchrun"
+
+    def plan(self, inputs: PlanInputs) -> LaunchPlan:
+        if len(inputs.hostfile.entries) > 1:
+            raise ConfigError(
+                "--launcher torchrun runs one node only; fix: use --launcher deepspeed or mpirun"
+            )
+        base = torchrun_plan(
+            nproc_per_node=inputs.hostfile.world_size,
+            master_port=inputs.master_port,
+            program=inputs.program,
+            python=inputs.python,
+            agent=inputs.agent,
+        )
+        return LaunchPlan(base.argv, {**inputs.env, **base.env}, base.launcher)
+
+
+class DirectLauncher:
+    """Our own launch: one `gaudi_cluster.launch.fanout` here, starting `gaudi_cluster.launch.node` on
+    every node (this one without ssh, the others over the survey's shared ssh connections), each starting its
+    rank agents with the environment DeepSpeed's launch.py would give them. Nothing on the way
+    imports torch, which DeepSpeed's runner and launch.py each do before a rank starts."""
+
+    name = "direct"
+
+    def plan(self, inputs: PlanInputs) -> LaunchPlan:
+        if inputs.runner_args or inputs.launcher_args:
+            raise ConfigError(
+                "DeepSpeed runner flags (--include, --exclude, --launcher_args, --bind_cores_to_rank) need "
+                "DeepSpeed's launcher; fix: --launcher deepspeed"
+            )
+        nodes, first = [], 0
+        for index, entry in enumerate(inputs.hostfile.entries):
+            spec = {
+                "node_rank": index,
+                "nnodes": len(inputs.hostfile.entries),
+                "first_rank": first,
+                "slots": list(range(entry.slots)),
+                "world_size": inputs.hostfile.world_size,
+                "master_addr": inputs.master_addr,
+                "master_port": inputs.master_port,
+                "cwd": inputs.cwd,
+                "env": dict(inputs.env),
+                "python": inputs.python,
+                "agent_args": inputs.agent.args(inputs.program),
+            }
+            here = inputs.local or entry.host == inputs.this_node
+            nodes.append({"host": entry.host, "here": here, "spec": spec})
+            first += entry.slots
+        # A dry run writes no ssh config: the spec shows where it would be.
+        ssh_config = inputs.ssh_config_path or "(the job's ssh config)"
+        launch = {"python": inputs.python, "ssh_config": ssh_config, "nodes": nodes}
+        argv = (inputs.python, "-u", "-m", "gaudi_cluster.launch.fanout")
+        return LaunchPlan(argv, {}, self.name, stdin=json.dumps(launch, indent=1))
+
+
+LAUNCHERS = {cls.name: cls for cls in (DirectLauncher, DeepSpeedLauncher, MpirunLauncher, TorchrunLauncher)}
+
+
+def plan_for(launcher: str, inputs: PlanInputs) -> LaunchPlan:
+    if launcher not in LAUNCHERS:
+        raise ConfigError(f"launcher '{launcher}' is unknown; fix: use one of {', '.join(LAUNCHERS)}")
+    return LAUNCHERS[launcher]().plan(inputs)

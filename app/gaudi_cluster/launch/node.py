@@ -1,0 +1,79 @@
+"""The direct launcher's per-node process: starts this node's rank agents, waits for them.
+
+`python -m gaudi_cluster.launch.node` reads its node spec (JSON) from stdin, never from its command line,
+and gives each rank the torch.distributed environment DeepSpeed's launch.py would: RANK,
+LOCAL_RANK, WORLD_SIZE, LOCAL_SIZE, CROSS_RANK, CROSS_SIZE, MASTER_ADDR, MASTER_PORT and
+CUDA_VISIBLE_DEVICES (every DeepSpeed accelerator sets that one to the node's slot ids), plus the
+job's variables, in the master's working directory with it first on PYTHONPATH (as DeepSpeed's
+runner does). It imports no torch: the ranks are the first to do so. It exits when every agent has,
+with the first failing agent's code; SIGTERM/SIGINT/SIGHUP reach every agent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+AGENT_MODULE = "gaudi_cluster.rank.agent"
+
+
+def rank_environments(spec: Mapping[str, Any], base: Mapping[str, str]) -> list[dict[str, str]]:
+    """One environment per local rank (pure: `base` is this node's own environment)."""
+    slots: Sequence[int] = spec["slots"]
+    cwd = str(spec["cwd"])
+    python_path = ":".join(part for part in (cwd, base.get("PYTHONPATH", "")) if part)
+    shared = {
+        **base,
+        **{str(k): str(v) for k, v in spec["env"].items()},
+        "PYTHONPATH": python_path,
+        "WORLD_SIZE": str(spec["world_size"]),
+        "LOCAL_SIZE": str(len(slots)),
+        "CROSS_RANK": str(spec["node_rank"]),
+        "CROSS_SIZE": str(spec["nnodes"]),
+        "MASTER_ADDR": str(spec["master_addr"]),
+        "MASTER_PORT": str(spec["master_port"]),
+        "CUDA_VISIBLE_DEVICES": ",".join(str(slot) for slot in slots),
+    }
+    first = int(spec["first_rank"])
+    return [{**shared, "RANK": str(first + i), "LOCAL_RANK": str(i)} for i in range(len(slots))]
+
+
+def agent_command(spec: Mapping[str, Any]) -> list[str]:
+    return [str(spec["python"]), "-u", "-m", AGENT_MODULE, *map(str, spec["agent_args"])]
+
+
+def main() -> int:
+    try:
+        spec = json.loads(sys.stdin.read())
+        envs = rank_environments(spec, os.environ)
+        command = agent_command(spec)
+        cwd = str(spec["cwd"])
+    except (ValueError, KeyError, TypeError) as error:
+        print(f"gaudi-cluster[node]: error: bad node spec on stdin ({error}); fix: let the master start it")
+        return 2
+    try:
+        agents = [subprocess.Popen(command, env=env, cwd=cwd, stdin=subprocess.DEVNULL) for env in envs]
+    except OSError as error:
+        print(
+            f"gaudi-cluster[node]: error: cannot start the rank agents in {cwd}: {error.strerror}", flush=True
+        )
+        return 1
+
+    def forward(signum: int, _frame: object) -> None:
+        for agent in agents:
+            if agent.poll() is None:
+                agent.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, forward)
+    codes = [agent.wait() for agent in agents]
+    return next((code for code in codes if code), 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

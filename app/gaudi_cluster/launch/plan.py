@@ -1,0 +1,139 @@
+"""Launch plans as values: the exact argv and added environment of a launch, and what goes into one.
+
+Every rank runs the rank agent (`python -u -m gaudi_cluster.rank.agent --job-id J ... -- program`), which
+owns the child process, the log prefix and the heartbeat. The launchers that build plans are in
+`launchers`. Nothing runs here.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from gaudi_cluster.errors import ConfigError
+from gaudi_cluster.nodes.hostfile import Hostfile
+
+AGENT_MODULE = "gaudi_cluster.rank.agent"
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    argv: tuple[str, ...]
+    # Only what the plan adds to the launcher process's own environment (not the ranks').
+    env: Mapping[str, str] = field(default_factory=dict)
+    launcher: str = ""
+    stdin: str | None = None  # the launcher's whole standard input (the direct launcher's node specs)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
+
+
+def render_shell(plan: LaunchPlan) -> str:
+    """One copy-pasteable shell line for --dry-run (its stdin as a here-document)."""
+    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(plan.env.items()))
+    cmd = shlex.join(plan.argv)
+    line = f"{prefix} {cmd}" if prefix else cmd
+    return f"{line} <<'SPEC'\n{plan.stdin}\nSPEC" if plan.stdin is not None else line
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """What every rank agent of a job is told on its command line (it reads no settings itself)."""
+
+    job_id: str
+    job_root: str
+    heartbeat_timeout_s: float
+    control: str | None  # HOST:PORT of the master's control channel; None: unsupervised
+    local_rank_arg: bool = False  # pass --local_rank=N to the script (DeepSpeed's default); else env only
+
+    def args(self, program: Sequence[str]) -> list[str]:
+        if not program:
+            raise ConfigError(
+                "the job has no program to run; fix: give the training command after the options"
+            )
+        args = ["--job-id", self.job_id, "--job-root", self.job_root]
+        args += ["--heartbeat-timeout", f"{self.heartbeat_timeout_s:g}"]
+        if self.control:
+            args += ["--control", self.control]
+        if self.local_rank_arg:
+            args.append("--local-rank-arg")
+        return [*args, "--", *program]
+
+
+def rank_command(agent: AgentSettings, program: Sequence[str], python: str = sys.executable) -> list[str]:
+    return [python, "-u", "-m", AGENT_MODULE, *agent.args(program)]
+
+
+def quote_for_pdsh(arg: str) -> str:
+    """Make `arg` arrive verbatim through DeepSpeed's PDSH runner, pdsh and the remote shell.
+
+    The runner wraps an argument containing a space in double quotes, escaping only '"'; pdsh then
+    replaces %h/%u/%n/%% in every argument; ssh joins everything with spaces and the remote
+    login shell parses the line. So: '%' is doubled for pdsh; an argument with a space gets the
+    characters that stay special inside double quotes escaped (the runner adds the quotes);
+    any other argument is single-quoted by shlex, which never introduces a space.
+    """
+    if " " in arg:
+        quoted = arg.replace("\\", "\\\\").replace("$", "\\$").replace("`", "\\`")
+    else:
+        quoted = shlex.quote(arg)
+    return quoted.replace("%", "%%")
+
+
+def no_space(value: str, what: str) -> str:
+    if not value or any(c.isspace() for c in value):
+        raise ConfigError(f"{what} '{value}' is empty or contains whitespace; fix: use a path without spaces")
+    return value
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """DeepSpeed runner flags a gaudi_spawn.py user passed through, kept with DeepSpeed's meaning."""
+
+    include: str = ""
+    exclude: str = ""
+    bind_cores_to_rank: bool = False
+    bind_core_list: str | None = None
+    launcher_args: str = ""
+    local_rank_arg: bool = False  # the script gets --local_rank=N (DeepSpeed's default)
+
+    def runner_args(self) -> tuple[str, ...]:
+        args: list[str] = []
+        if self.include:
+            args += ["--include", self.include]
+        if self.exclude:
+            args += ["--exclude", self.exclude]
+        if self.bind_cores_to_rank:
+            args.append("--bind_cores_to_rank")
+        if self.bind_core_list:
+            args += ["--bind_core_list", self.bind_core_list]
+        return tuple(args)
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """Everything a launcher needs to know about one prepared job (paths are on every node)."""
+
+    hostfile: Hostfile
+    hostfile_path: str
+    env: Mapping[str, str]  # the env file's content
+    env_path: str
+    ssh_config_path: str | None
+    ssh_port: int
+    master_addr: str
+    master_port: int
+    program: tuple[str, ...]
+    python: str
+    agent: AgentSettings
+    socket_ifname: str | None = None
+    mpi_root: str | None = None
+    openmpi_major: int = 4
+    local: bool = False  # every rank on this node: no ssh, no pdsh
+    this_node: str | None = None  # the hostfile entry that is this machine (started without ssh)
+    cwd: str = "/"  # where the ranks run (the master's working directory, as DeepSpeed's runner does)
+    # DeepSpeed runner flags passed through as given: --include/--exclude, --bind_cores_to_rank, ...
+    runner_args: tuple[str, ...] = ()
+    launcher_args: str = ""  # DeepSpeed's --launcher_args: extra flags for the backend (pdsh, mpirun)

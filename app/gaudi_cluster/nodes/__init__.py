@@ -1,0 +1,1 @@
+"""Who the nodes are and what each reports: discovery, ssh, the probe, devices, preflight checks."""

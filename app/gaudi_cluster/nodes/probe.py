@@ -1,0 +1,214 @@
+"""What a node reports about itself: run locally by `gaudi-cluster probe --json`, over ssh by the master.
+
+Only cheap, read-only checks (no torch import: versions come from package metadata) so that
+probing 32 nodes in parallel costs about one ssh round trip.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.metadata
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gaudi_cluster.env import presets
+from gaudi_cluster.errors import ConfigError
+from gaudi_cluster.nodes import devices
+from gaudi_cluster.rank import jobdir
+from gaudi_cluster.settings import profiles
+
+PACKAGES = ("torch", "deepspeed", "transformers", "optimum-habana", "habana-torch-plugin")
+BUILD_ID_FILE = Path("/opt/gaudi-cluster/BUILD_ID")
+HCCL_OFI_WRAPPER = "libhccl_ofi_wrapper.so"
+
+
+def package_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def interfaces() -> list[dict[str, Any]]:
+    """Interfaces in kernel (ifindex) order with their IPv4 addresses, and the kernel driver of those
+    backed by a device (a Gaudi NIC's is habanalabs)."""
+    try:
+        out = subprocess.run(
+            ["ip", "-j", "-4", "addr", "show"], capture_output=True, text=True, timeout=5, check=True
+        ).stdout
+        found = [
+            {"name": entry["ifname"], "addresses": [a["local"] for a in entry.get("addr_info", [])]}
+            for entry in sorted(json.loads(out), key=lambda e: e.get("ifindex", 0))
+        ]
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError):
+        names = sorted(os.listdir("/sys/class/net")) if os.path.isdir("/sys/class/net") else []
+        found = [{"name": name, "addresses": []} for name in names]
+    driver_of = devices.sysfs_driver(devices.sysfs_root(os.environ))
+    for interface in found:
+        driver = driver_of(f"class/net/{interface['name']}")
+        if driver:
+            interface["driver"] = driver
+    return found
+
+
+def route_ifname(address: str, local_interfaces: Sequence[Mapping[str, Any]]) -> str | None:
+    """The interface this node reaches ADDRESS (a name or an IPv4 address) through: `ip route get`."""
+    try:
+        ip = socket.getaddrinfo(address, None, socket.AF_INET)[0][4][0]
+        out = subprocess.run(
+            ["ip", "-j", "route", "get", str(ip)], capture_output=True, text=True, timeout=5, check=True
+        ).stdout
+    except (OSError, IndexError, subprocess.SubprocessError):
+        return None
+    return presets.route_ifname(out, str(ip), local_interfaces)
+
+
+def _free_bytes(path: str) -> int | None:
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
+def usable_cpus() -> int:
+    """CPUs this node's processes may use: the affinity mask, capped by a cgroup v2 CPU quota."""
+    cpus = len(os.sched_getaffinity(0))
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            cpus = min(cpus, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return cpus
+
+
+def boot_id() -> str | None:
+    """The kernel's id of this boot: containers on one server share it, separate servers never do."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _hccl_ofi_wrapper() -> str | None:
+    dirs = [*os.environ.get("LD_LIBRARY_PATH", "").split(":"), "/usr/lib/habanalabs"]
+    for directory in filter(None, dirs):
+        candidate = Path(directory) / HCCL_OFI_WRAPPER
+        if candidate.exists():
+            return str(candidate)
+    return None
+
+
+def _fi_info(environ: dict[str, str]) -> str | None:
+    """The image's libfabric's fi_info ($LIBFABRIC_ROOT/bin first, as the image's PATH has it)."""
+    own = Path(presets.libfabric_root(environ)) / "bin" / "fi_info"
+    if own.is_file():
+        return str(own)
+    return shutil.which("fi_info", path=environ.get("PATH")) or next(
+        iter(glob.glob("/opt/amazon/efa/bin/fi_info")), None
+    )
+
+
+def _existing_ancestor(path: str) -> str:
+    """The output directory may not exist yet: its disk is the one of its nearest existing parent."""
+    current = Path(path)
+    while not current.exists() and current != current.parent:
+        current = current.parent
+    return str(current)
+
+
+def fi_providers(names: Sequence[str], environ: dict[str, str]) -> dict[str, bool | None]:
+    """Whether `fi_info -p NAME` finds each provider, run with the ranks' LD_LIBRARY_PATH (so with the
+    libfabric HCCL will load); None for every name when there is no fi_info."""
+    fi_info = _fi_info(environ)
+    env = {**environ, "LD_LIBRARY_PATH": presets.fabric_ld_library_path(environ)}
+    found: dict[str, bool | None] = {}
+    for name in names:
+        if not fi_info:
+            found[name] = None
+            continue
+        try:
+            done = subprocess.run(
+                [fi_info, "-p", name], capture_output=True, text=True, timeout=10, check=False, env=env
+            )
+            found[name] = done.returncode == 0 and devices.fi_info_has_provider(done.stdout, name)
+        except (OSError, subprocess.SubprocessError):
+            found[name] = False
+    return found
+
+
+def probe(
+    paths: Sequence[str],
+    accelerator: str,
+    cpu_slots: int | None,
+    check_efa: bool,
+    output_dir: str | None = None,
+    check_fabric: bool = False,
+) -> dict[str, Any]:
+    """check_efa: run `fi_info -p efa` whatever the node; check_fabric: on an HPU node, also see which of
+    the efa and verbs providers its libfabric offers (what `--env-preset auto` and hostnic need)."""
+    environ = dict(os.environ)
+    driver_of = devices.sysfs_driver(devices.sysfs_root(environ))
+    kind = devices.detect_accelerator(environ, driver_of=driver_of) if accelerator == "auto" else accelerator
+    report: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "python": sys.executable,
+        "accelerator": kind,
+        "slots": devices.detect_slots(kind, environ, cpu_slots=cpu_slots, driver_of=driver_of),
+        "versions": package_versions(),
+        "build_id": BUILD_ID_FILE.read_text().strip() if BUILD_ID_FILE.exists() else None,
+        "interfaces": interfaces(),
+        "paths": {path: os.path.exists(path) for path in paths},
+        "output_dir": output_dir or os.getcwd(),
+        "free_disk_bytes": _free_bytes(_existing_ancestor(output_dir or os.getcwd())),
+        "free_shm_bytes": _free_bytes("/dev/shm"),
+        "uverbs_devices": sorted(glob.glob("/dev/infiniband/uverbs*")),
+        "hccl_ofi_wrapper": _hccl_ofi_wrapper(),
+        "profile": profiles.image_profile(),
+        "cpus": usable_cpus(),
+        "boot_id": boot_id(),
+    }
+    if kind == "hpu":
+        report["driver_version"] = devices.driver_version(devices.default_run)
+    wanted = ["efa"] if check_efa else []
+    if check_fabric and kind == "hpu":
+        wanted = ["efa", "verbs"]
+    if wanted:
+        report["fi_providers"] = fi_providers(wanted, environ)
+        report["efa_provider"] = report["fi_providers"]["efa"]
+    return report
+
+
+def run(
+    paths: Sequence[str],
+    accelerator: str,
+    cpu_slots: int | None,
+    check_efa: bool,
+    stage_job: str | None,
+    job_root: str,
+    output_dir: str | None = None,
+    check_fabric: bool = False,
+) -> int:
+    """`gaudi-cluster probe`: stage the job's directory (private payload on stdin) if asked, then report."""
+    if stage_job:
+        try:
+            payload = json.loads(sys.stdin.read() or "{}")
+        except ValueError:
+            raise ConfigError(
+                "probe --stage: stdin is not the master's JSON payload; fix: let the master run it"
+            ) from None
+        jobdir.stage(job_root, stage_job, payload)
+    print(
+        json.dumps(probe(paths, accelerator, cpu_slots, check_efa, output_dir, check_fabric), sort_keys=True)
+    )
+    return 0

@@ -1,0 +1,348 @@
+"""The rank agent: runs one rank's program on its node and keeps the master informed.
+
+Every launcher (deepspeed, mpirun, torchrun) starts `python -m gaudi_cluster.rank.agent ... -- PROGRAM`
+once per rank. The agent gives the program its own process group (so this job's processes can be
+stopped without touching anyone else's), records a pid file under the job's directory, prefixes
+each output line with "[host rank N]", keeps the last lines for the failure report, and talks to
+the master over the control channel: it reports its exit, and it kills its rank when told to or
+when the master disappears (connection closed, or no heartbeat for --heartbeat-timeout seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from gaudi_cluster.rank import jobdir, procgroup
+from gaudi_cluster.wire import protocol
+from gaudi_cluster.wire.channel import Channel, authenticate, connect
+from gaudi_cluster.wire.protocol import BEAT_INTERVAL_S
+
+TAIL_LINES = 30
+FULL_DISK_BYTES = 1 << 20
+# A master gone silent or away is an abort: the rank 0 it hosts, or the partition, leaves the
+# collectives nothing to save with, so the rank is killed at once (the last complete checkpoint stays).
+ORPHAN_GRACE_S = 0.0
+# SIGTERM/SIGINT to the agent itself (e.g. from deepspeed's launch.py on Ctrl-C) is a stop to save.
+SIGNAL_GRACE_S = 15.0
+
+
+def with_local_rank(program: Sequence[str], local_rank: int) -> list[str]:
+    """The program with `--local_rank=N` right after its script or module, where DeepSpeed's
+    launch.py puts it (for scripts that still parse the flag instead of reading LOCAL_RANK)."""
+    argv = list(program)
+    at = 1
+    if os.path.basename(argv[0]).startswith("python"):
+        at = 1
+        while at < len(argv) and argv[at].startswith("-") and argv[at] != "-m":
+            at += 1
+        at += 2 if at < len(argv) and argv[at] == "-m" else 1
+    return [*argv[:at], f"--local_rank={local_rank}", *argv[at:]]
+
+
+def rank_identity(environ: Mapping[str, str]) -> tuple[int, int, int, int]:
+    """(rank, local_rank, world_size, local_world_size) from torch/deepspeed or OpenMPI variables."""
+
+    def first(*names: str, default: int) -> int:
+        for name in names:
+            if environ.get(name, "").strip():
+                return int(environ[name])
+        return default
+
+    rank = first("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", default=0)
+    local_rank = first("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", default=0)
+    world = first("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", default=1)
+    local_world = first("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", default=1)
+    return rank, local_rank, world, local_world
+
+
+class RankAgent:
+    def __init__(
+        self,
+        job_id: str,
+        program: Sequence[str],
+        control: str | None,
+        job_root: Path,
+        heartbeat_timeout_s: float,
+        connect_timeout_s: float = 30.0,
+        local_rank_arg: bool = False,
+    ) -> None:
+        self.job_id = job_id
+        self.program = list(program)
+        self.control_address = control
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.host = socket.gethostname()
+        self.env = dict(os.environ)
+        self.rank, self.local_rank, self.world, self.local_world = rank_identity(self.env)
+        # Programs launched by mpirun read the torch names, as under deepspeed and torchrun.
+        self.env.update(
+            RANK=str(self.rank),
+            LOCAL_RANK=str(self.local_rank),
+            WORLD_SIZE=str(self.world),
+            LOCAL_WORLD_SIZE=str(self.local_world),
+            GAUDI_CLUSTER_JOB_ID=job_id,
+        )
+        if local_rank_arg:
+            self.program = with_local_rank(self.program, self.local_rank)
+        self.job_dir = jobdir.create(job_root, job_id)
+        # The job's secret and the variables forwarded on purpose: staged by the master over ssh
+        # stdin, read before anything else (the master deletes the file once every rank has started).
+        private = jobdir.read_private(self.job_dir)
+        self.token = str(private.get("token") or "")
+        self.env.update(jobdir.private_env(private))
+        self.progress_file = self.job_dir / f"rank{self.rank}.progress"
+        self.env["GAUDI_CLUSTER_PROGRESS_FILE"] = str(self.progress_file)
+        self.env["GAUDI_CLUSTER_EVENTS_FILE"] = str(self.job_dir / "events.jsonl")
+        self.work_sent, self.line_sent = -1, None
+        self.pid_file = self.job_dir / f"rank{self.rank}.pid"
+        self.log_path = self.job_dir / f"rank{self.rank}.log"
+        self.prefix = f"[{self.host} rank {self.rank}] ".encode()
+        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.last_output = time.monotonic()
+        self.last_beat = time.monotonic()
+        self.stop_reason: str | None = None
+        self.child: subprocess.Popen[bytes] | None = None
+        self.channel: Channel | None = None
+        self._stop_lock = threading.Lock()
+        self._stdout_ok = True
+
+    # --- the rank's process group -------------------------------------------------------------
+
+    def start_child(self) -> None:
+        self.child = subprocess.Popen(
+            self.program,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        # "<process group> <agent pid>": what `gaudi-cluster reap` needs to end this job and only it.
+        self.pid_file.write_text(f"{self.child.pid} {os.getpid()}\n")
+
+    def stop_child(self, reason: str, grace_s: float) -> None:
+        """Stop the rank's whole process group (once), with grace_s to save and exit."""
+        with self._stop_lock:
+            if self.stop_reason is not None or self.child is None:
+                return
+            self.stop_reason = reason
+        self.say(f"stopping rank: {reason}")
+        child = self.child
+        procgroup.terminate(child.pid, grace_s, done=lambda: child.poll() is not None)
+
+    # --- output ---------------------------------------------------------------------------------
+
+    def say(self, text: str) -> None:
+        self._emit(f"gaudi-cluster[rank]: {text}".encode())
+
+    def _emit(self, line: bytes) -> None:
+        self.tail.append(line.decode(errors="replace"))
+        out = self.prefix + line + b"\n"
+        with contextlib.suppress(OSError):
+            self._log.write(out)
+            self._log.flush()
+        if self._stdout_ok:
+            try:
+                sys.stdout.buffer.write(out)
+                sys.stdout.buffer.flush()
+            except (BrokenPipeError, OSError):
+                # The launcher's ssh session is gone; keep running under the control channel's
+                # supervision and keep the local log.
+                self._stdout_ok = False
+
+    def pump_output(self) -> None:
+        assert self.child is not None and self.child.stdout is not None
+        pending = b""
+        for chunk in iter(lambda: self.child.stdout.read1(65536), b""):  # type: ignore[union-attr]
+            self.last_output = time.monotonic()
+            pending += chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                self._emit(line)
+        if pending:
+            self._emit(pending)
+
+    # --- control channel ------------------------------------------------------------------------
+
+    def beat_message(self) -> dict[str, object]:
+        """Progress measured on this node only: the age of the last step in the progress file, else of
+        the last output line (any user script), and each new step's work time, once."""
+        try:
+            progress = json.loads(self.progress_file.read_text())
+        except (OSError, ValueError):
+            progress = None
+        last = self.tail[-1] if self.tail else None
+        message, self.work_sent = protocol.beat(
+            progress if isinstance(progress, dict) else None,
+            self.work_sent,
+            time.monotonic() - self.last_output,
+            time.time(),
+            last if last != self.line_sent else None,
+        )
+        self.line_sent = last
+        return message
+
+    def listen(self) -> None:
+        assert self.channel is not None
+        while True:
+            message = self.channel.receive()
+            if message is None:
+                if self.child is not None and self.child.poll() is None:
+                    self.stop_child(
+                        "the master closed the control channel (master stopped or lost)", ORPHAN_GRACE_S
+                    )
+                return
+            self.last_beat = time.monotonic()
+            if isinstance(message, dict) and message.get("type") == "stop":
+                grace = message.get("grace")
+                grace_s = float(grace) if isinstance(grace, int | float) and 0 <= grace < 3600 else 10.0
+                self.stop_child(str(message.get("reason") or "the master stopped the job")[:200], grace_s)
+
+    def beat(self) -> None:
+        assert self.channel is not None and self.child is not None
+        while self.child.poll() is None:
+            self.channel.send(self.beat_message())
+            silent_for = time.monotonic() - self.last_beat
+            if silent_for > self.heartbeat_timeout_s:
+                self.stop_child(f"no heartbeat from the master for {silent_for:.0f}s", ORPHAN_GRACE_S)
+                return
+            time.sleep(BEAT_INTERVAL_S)
+
+    # --- main -----------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        self._log = self.log_path.open("ab")
+        if self.control_address:
+            try:
+                if not self.token:
+                    raise ConnectionError(
+                        f"no secret for job {self.job_id} in {self.job_dir} (the master stages it before "
+                        "launching); fix: start ranks through gaudi-cluster"
+                    )
+                self.channel = connect(self.control_address, self.connect_timeout_s)
+                authenticate(
+                    self.channel, self.token, self.job_id, self.host, self.rank, os.getpid(), self.local_rank
+                )
+            except ConnectionError as error:
+                self.say(f"error: {error}; the rank is not started without supervision")
+                return 1
+        try:
+            self.start_child()
+        except OSError as error:
+            self.say(f"error: cannot start {self.program[0]!r}: {error}")
+            self._report(127, None)
+            return 127
+        forwarded = self._forward_signals()
+        pump = threading.Thread(target=self.pump_output, name="pump", daemon=True)
+        pump.start()
+        if self.channel is not None:
+            threading.Thread(target=self.listen, name="listen", daemon=True).start()
+            threading.Thread(target=self.beat, name="beat", daemon=True).start()
+        assert self.child is not None
+        returncode = self.child.wait()
+        pump.join(timeout=5)
+        code, signum = (128 - returncode, -returncode) if returncode < 0 else (returncode, None)
+        if signum is None and forwarded and returncode == 0:
+            code = 128 + forwarded[-1]
+        if code != 0:
+            self._note_full_disk()
+        self._report(code, signum)
+        with contextlib.suppress(OSError):
+            self.pid_file.unlink()
+        return code
+
+    def _note_full_disk(self) -> None:
+        """A rank that dies writing to a full disk often says only `unexpected pos` (torch's zip
+        writer): name the cause when its output directory's disk is full."""
+        argv = self.program
+        directory = next(
+            (argv[i + 1] for i, word in enumerate(argv[:-1]) if word == "--output_dir"), os.getcwd()
+        )
+        with contextlib.suppress(OSError):
+            if shutil.disk_usage(directory).free < FULL_DISK_BYTES:
+                self.say(f"No space left on device: {directory} has less than 1 MiB free on {self.host}")
+
+    def _report(self, code: int, signum: int | None) -> None:
+        if self.channel is None:
+            return
+        self.channel.send(
+            {
+                "type": "exit",
+                "code": code,
+                "signal": signum,
+                "tail": list(self.tail),
+                "stop_reason": self.stop_reason,
+            }
+        )
+        self.channel.close()
+
+    def _forward_signals(self) -> list[int]:
+        """SIGTERM/SIGINT to the agent (e.g. from deepspeed's launch.py) stop the rank gracefully."""
+        received: list[int] = []
+
+        def handler(signum: int, _frame: object) -> None:
+            received.append(signum)
+            threading.Thread(
+                target=self.stop_child,
+                args=(f"agent received {signal.Signals(signum).name}", SIGNAL_GRACE_S),
+                daemon=True,
+            ).start()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+        return received
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m gaudi_cluster.rank.agent",
+        description=(__doc__ or "").splitlines()[0],
+        allow_abbrev=False,
+    )
+    parser.add_argument("--job-id", required=True)
+    parser.add_argument("--control", help="HOST:PORT of the master's control channel")
+    parser.add_argument("--job-root", required=True, type=Path, help="where this node keeps per-job state")
+    parser.add_argument(
+        "--heartbeat-timeout", required=True, type=float, help="seconds of silence before the master is lost"
+    )
+    parser.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=30.0,
+        help="seconds to keep trying the master's control channel before giving up",
+    )
+    parser.add_argument(
+        "--local-rank-arg", action="store_true", help="pass --local_rank=N to the program, as DeepSpeed does"
+    )
+    parser.add_argument("program", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    program = args.program[1:] if args.program[:1] == ["--"] else args.program
+    if not program:
+        parser.error("no program given after --")
+    agent = RankAgent(
+        args.job_id,
+        program,
+        args.control,
+        args.job_root,
+        args.heartbeat_timeout,
+        args.connect_timeout,
+        local_rank_arg=args.local_rank_arg,
+    )
+    return agent.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

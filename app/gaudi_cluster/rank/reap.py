@@ -1,0 +1,35 @@
+"""Stop what is left of one job on this node, found by its pid files (never by a name pattern)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from pathlib import Path
+
+from gaudi_cluster.rank import jobdir, procgroup
+
+
+def reap_job(job_root: Path, job_id: str) -> list[int]:
+    """Kill each rank's process group and agent recorded under job_root/job_id; return the pids.
+
+    The master calls this after a failure or a stop, once the agents had their chance to end their
+    ranks gracefully: whatever is still there is killed without a grace.
+    """
+    killed: list[int] = []
+    (jobdir.job_dir(job_root, job_id) / jobdir.PRIVATE_FILE).unlink(missing_ok=True)
+    for pid_file in sorted((job_root / job_id).glob("rank*.pid")):
+        try:
+            group, *agents = [int(word) for word in pid_file.read_text().split()]
+        except (OSError, ValueError):
+            continue
+        if procgroup.group_alive(group):
+            procgroup.terminate(group, grace_s=0)
+            killed.append(group)
+        for pid in agents:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        with contextlib.suppress(OSError):
+            pid_file.unlink()
+    return killed

@@ -1,0 +1,1 @@
+"""Settings: the one declaration per setting, value parsers, the Gaudi software profiles."""

@@ -1,0 +1,282 @@
+"""Cluster configuration: command-line flags, then GAUDI_CLUSTER_* variables, then defaults.
+
+Every setting is declared once, as a field of ClusterConfig whose metadata carries its parser, help
+and example (as HF's HfArgumentParser reads dataclass fields); the flags, the environment names and
+the defaults all come from there. Pure: the environment is a parameter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gaudi_cluster.env.envfile import is_secret
+from gaudi_cluster.errors import ConfigError
+from gaudi_cluster.settings.setting_types import (
+    SettingError,
+    assignments,
+    choice,
+    non_negative_int,
+    parse_bool,
+    port,
+    positive_int,
+    seconds,
+    size,
+    text,
+    variable_names,
+)
+
+ENV_PREFIX = "GAUDI_CLUSTER_"
+DEFAULT_JOB_ROOT = "/run/gaudi-cluster/jobs"
+
+
+def setting(
+    default: Any,
+    parse: Callable[[str], Any],
+    help: str,
+    example: str,
+    *,
+    switch: bool = False,
+    repeatable: bool = False,
+    echo: bool = True,
+) -> Any:
+    """A ClusterConfig field: its default plus what the CLI and the environment layer need.
+
+    repeatable: the flag may be given several times (its values are joined with ';');
+    echo: whether a bad value may be repeated in the error (not for values that may hold secrets).
+    """
+    metadata = {
+        "parse": parse,
+        "help": help,
+        "example": example,
+        "switch": switch,
+        "repeatable": repeatable,
+        "echo": echo,
+    }
+    return field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    peers: str | None = setting(
+        None, text, "static list of the other nodes, entries host or host:slots", "worker-1,worker-2:8"
+    )
+    peers_dns: str | None = setting(
+        None, text, "DNS name resolving to every other node (compose service, headless service)", "worker"
+    )
+    hostfile: str | None = setting(
+        None, text, "existing hostfile listing every node, master first (host slots=N)", "/job/hostfile"
+    )
+    nodes: int | None = setting(
+        None, positive_int, "expected number of nodes, master included; wait until all are found", "3"
+    )
+    wait_timeout: float = setting(
+        120.0, seconds, "one deadline (s) for discovery, sshd readiness and probes", "300"
+    )
+    ssh_port: int = setting(3022, port, "sshd port on every node", "2222")
+    ssh_dir: str = setting(
+        "/run/secrets/gaudi-cluster", text, "directory holding the cluster key id_ed25519", "/keys"
+    )
+    accelerator: str = setting(
+        "auto", choice("auto", "hpu", "cuda", "cpu"), "device kind (auto: what the master has)", "hpu"
+    )
+    slots: int | None = setting(
+        None, positive_int, "ranks per node (default: devices detected; 1 on cpu)", "2"
+    )
+    launcher: str = setting(
+        "direct",
+        choice("direct", "deepspeed", "mpirun", "torchrun"),
+        "how the ranks are started: direct (ours: the same rank environment as DeepSpeed's launcher, "
+        "without its torch imports), deepspeed (DeepSpeed's runner over pdsh, the seed's path), "
+        "mpirun, torchrun (one node)",
+        "deepspeed",
+    )
+    master_addr: str | None = setting(
+        None, text, "address the ranks rendezvous on (default: the master's interface)", "10.0.0.1"
+    )
+    master_port: int = setting(29500, port, "torch.distributed rendezvous port", "29600")
+    control_port: int = setting(29400, port, "port of the master's job control channel", "29401")
+    env_preset: str = setting(
+        "auto", choice("auto", "efa", "gaudinic", "hostnic", "cpu", "none"), ".deepspeed_env preset", "efa"
+    )
+    env: tuple[tuple[str, str], ...] = setting(
+        (),
+        assignments,
+        "extra variable(s) for every rank: K=V, or several as 'K=V;K=V'; repeatable",
+        "HCCL_DEBUG=1;FOO=bar",
+        repeatable=True,
+        echo=False,
+    )
+    env_pass: tuple[str, ...] = setting(
+        (),
+        variable_names,
+        "forward these variables of the master's environment (secrets included) to every rank through "
+        "a 0600 file on each node, never a command line; comma list, repeatable",
+        "HF_TOKEN",
+        repeatable=True,
+    )
+    socket_ifname: str | None = setting(None, text, "network interface for HCCL/GLOO/NCCL sockets", "eth0")
+    heartbeat_timeout: float = setting(
+        10.0, seconds, "seconds without heartbeat before a node counts as lost", "20"
+    )
+    start_timeout: float = setting(120.0, seconds, "seconds for every rank to check in after launch", "300")
+    stuck_timeout: float = setting(
+        600.0, seconds, "seconds without training progress before a rank counts as stuck", "1800"
+    )
+    stop_grace: float = setting(
+        8.0, seconds, "seconds ranks get to save and exit after a stop (fits docker stop's 10 s)", "20"
+    )
+    status_interval: float = setting(
+        30.0,
+        seconds,
+        "seconds between status lines when the console is not a terminal (a terminal "
+        "shows one line, redrawn in place)",
+        "60",
+    )
+    min_free_disk: int = setting(
+        64 << 20,  # the default job's checkpoint is 16 MB per node
+        size,
+        "warn when a node's output directory has less free space (two checkpoints of the default job "
+        "and its final model); units K, M, G",
+        "20G",
+    )
+    max_restarts: int = setting(
+        0, non_negative_int, "re-run a failed job up to N times (resumes from checkpoints)", "1"
+    )
+    skip_doctor: bool = setting(
+        False, parse_bool, "skip the preflight checks before launch", "1", switch=True
+    )
+    dry_run: bool = setting(
+        False, parse_bool, "print hostfile, env file and command; launch nothing", "1", switch=True
+    )
+    hold: bool = setting(
+        False,
+        parse_bool,
+        "prepare the cluster and stay up instead of launching (launch by hand)",
+        "1",
+        switch=True,
+    )
+    job_root: str = setting(DEFAULT_JOB_ROOT, text, "where per-job state lives on every node", "/tmp/jobs")
+
+    def describe(self) -> str:
+        """One line with every non-default setting, for the log."""
+        changed = [
+            f"{f.name}={_redacted(f.name, getattr(self, f.name))}"
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) != f.default
+        ]
+        return "effective configuration: " + (", ".join(changed) if changed else "all defaults")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One ClusterConfig field as the CLI and the environment layer see it."""
+
+    name: str
+    default: Any
+    parse: Callable[[str], Any]
+    help: str
+    example: str
+    switch: bool
+    repeatable: bool
+    echo: bool
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        """torchrun's and DeepSpeed's spelling (--master_port) next to ours (--master-port)."""
+        return ("--" + self.name,) if "_" in self.name else ()
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+
+SETTINGS: tuple[Setting, ...] = tuple(
+    Setting(
+        f.name,
+        f.default,
+        **{key: f.metadata[key] for key in ("parse", "help", "example", "switch", "repeatable", "echo")},
+    )
+    for f in dataclasses.fields(ClusterConfig)
+)
+PEER_SOURCES = ("peers", "peers_dns", "hostfile")
+
+
+def _redacted(name: str, value: Any) -> str:
+    """Values of --env reach the log line only for names that cannot be secrets."""
+    if name != "env":
+        return repr(value)
+    return repr(";".join(f"{key}={'***' if is_secret(key) else shown}" for key, shown in value))
+
+
+def add_config_flags(parser: argparse.ArgumentParser, names: Iterable[str] | None = None) -> None:
+    """One flag per setting; flags default to None so that the env layer can tell 'not given'.
+
+    The underscore spelling of a flag is accepted too and left out of --help.
+    """
+    wanted = None if names is None else set(names)
+    for s in SETTINGS:
+        if wanted is not None and s.name not in wanted:
+            continue
+        choices = getattr(s.parse, "choices", None)
+        shown = f"; one of {', '.join(choices)}" if choices else ""
+        default = "" if s.default in (None, ()) else f"; default {s.default}"
+        help_text = f"{s.help}{shown} (env {s.env}{default})"
+        if s.switch:
+            parser.add_argument(s.flag, dest=s.name, action="store_const", const="1", help=help_text)
+        else:
+            metavar = "{" + ",".join(choices) + "}" if choices else s.name.upper()
+            action = "append" if s.repeatable else "store"
+            parser.add_argument(s.flag, dest=s.name, metavar=metavar, action=action, help=help_text)
+        for alias in s.aliases:
+            kwargs: dict[str, Any] = (
+                {"action": "store_const", "const": "1"}
+                if s.switch
+                else {"action": "append" if s.repeatable else "store"}
+            )
+            parser.add_argument(alias, dest=s.name, help=argparse.SUPPRESS, **kwargs)
+
+
+def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str]) -> ClusterConfig:
+    """Merge flags > GAUDI_CLUSTER_* > defaults; a bad value is a ConfigError naming its source."""
+    values: dict[str, Any] = {}
+    # The peer source is one choice: a source given as a flag replaces every source set in the env.
+    flag_sources = [name for name in PEER_SOURCES if flags.get(name) is not None]
+    for s in SETTINGS:
+        raw = flags.get(s.name)
+        source = s.flag
+        if isinstance(raw, list):  # a repeatable flag given several times
+            raw = ";".join(raw)
+        if raw is None and not (flag_sources and s.name in PEER_SOURCES):
+            # An empty variable means unset (compose files often write NAME= to clear one).
+            raw = environ.get(s.env) or None
+            source = s.env
+        if raw is None:
+            continue
+        try:
+            values[s.name] = s.parse(raw)
+        except ValueError as error:
+            shown = f"={raw!r}" if s.echo else ""
+            fix = error.fix if isinstance(error, SettingError) else _example(source, s)
+            raise ConfigError(f"{source}{shown} is invalid: {error}; fix: {fix}") from None
+    config = ClusterConfig(**values)
+    if config.master_port == config.control_port:
+        raise ConfigError(
+            f"the rendezvous port (--master-port) and the control port (--control-port) are both "
+            f"{config.master_port}; fix: give them different ports (defaults 29500 and 29400)"
+        )
+    return config
+
+
+def _example(source: str, s: Setting) -> str:
+    if source.startswith("--"):
+        example = f"'{s.example}'" if any(c in s.example for c in ";, ") else s.example
+        return f"e.g. {source} {example}"
+    return f"e.g. {source}={s.example}"

@@ -1,0 +1,1 @@
+"""Running one attempt: the supervisor, the control server, the outcome."""

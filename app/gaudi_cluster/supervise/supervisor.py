@@ -1,0 +1,297 @@
+"""Run a LaunchPlan and watch every rank through the control channel until the job ends.
+
+The first failure anywhere (non-zero exit, signal, closed connection, silent node, stuck rank,
+launcher error) stops THIS job's ranks on every node through their agents, and ends in one summary
+line: host, rank, exit code or signal, and the last lines of that rank's output.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TextIO
+
+from gaudi_cluster.errors import ClusterNotReady
+from gaudi_cluster.launch.plan import LaunchPlan
+from gaudi_cluster.rank import procgroup
+from gaudi_cluster.supervise.control import ControlEvent, ControlServer
+from gaudi_cluster.supervise.outcome import JobOutcome, JobState, RankFailure, signal_name
+from gaudi_cluster.view.liveview import LiveView
+
+log = logging.getLogger("gaudi_cluster.supervise.supervisor")
+
+# pdsh prefixes remote lines with "host: "; rank agents' lines already name host and rank.
+_PDSH_LINE = re.compile(r"^(?P<host>[^\s:]+): (?P<rest>.*)$")
+_RANK_PREFIX = re.compile(r"^\[[\w.-]+ rank \d+\] ")
+
+
+@dataclass
+class SupervisorSettings:
+    start_timeout_s: float = 120.0
+    stuck_timeout_s: float = 600.0
+    stop_grace_s: float = 8.0
+    status_interval_s: float = 30.0  # how often the status line is printed when not on a terminal
+    # An abort (a rank failed, a node was lost) cannot checkpoint: every other rank waits in a
+    # collective on the dead one. Ranks are killed at once; this is how long the supervisor waits
+    # for the reachable agents to confirm before it kills the launcher too.
+    abort_wait_s: float = 1.0
+
+
+class Supervisor:
+    def __init__(
+        self,
+        job_id: str,
+        plan: LaunchPlan,
+        server: ControlServer,
+        slots_by_host: Mapping[str, int],
+        settings: SupervisorSettings,
+        out: TextIO = sys.stdout,
+        clock: Callable[[], float] = time.monotonic,
+        on_all_started: Callable[[], None] | None = None,
+        on_first_step: Callable[[], None] | None = None,
+    ) -> None:
+        self.job_id = job_id
+        self.plan = plan
+        self.server = server
+        self.slots_by_host = dict(slots_by_host)
+        self.expected = sum(self.slots_by_host.values())
+        self.settings = settings
+        self.out = out
+        self.clock = clock
+        # Called once, when every rank has checked in (each agent has read its private file by then).
+        self.on_all_started = on_all_started
+        # Called once, in a thread, when a rank reports its first step (the imports are done by then,
+        # so work started here does not slow the ranks' start).
+        self.on_first_step = on_first_step
+        self._first_step_work: threading.Thread | None = None
+        self.lost_hosts: set[str] = set()  # host names of nodes whose agents went silent or away
+        self.launcher: subprocess.Popen[bytes] | None = None
+        self.launcher_tail: collections.deque[str] = collections.deque(maxlen=30)
+        self._signals: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self.view = LiveView(out, settings.status_interval_s, clock)
+        self.state = "starting"
+
+    # --- output ---------------------------------------------------------------------------------
+
+    def _print(self, line: str) -> None:
+        self.view.write(line)
+
+    def snapshot(self) -> dict[str, object]:
+        """What `gaudi-cluster status` shows (called from the status socket's thread)."""
+        return self.view.snapshot(self.server.agents(), self.job_id, self.state)
+
+    def _pump_launcher(self) -> None:
+        assert self.launcher is not None and self.launcher.stdout is not None
+        for raw in iter(self.launcher.stdout.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\n")
+            if _RANK_PREFIX.match(line):  # a rank on this node, started without pdsh
+                self._print(line)
+                continue
+            remote = _PDSH_LINE.match(line)
+            if remote and _RANK_PREFIX.match(remote["rest"]):
+                self._print(remote["rest"])
+                continue
+            self.launcher_tail.append(line)
+            self._print(f"[{remote['host']}] {remote['rest']}" if remote else f"[launcher] {line}")
+
+    # --- signals --------------------------------------------------------------------------------
+
+    def install_signal_handlers(self) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, lambda s, _f: self._signals.put(s))
+
+    # --- the run --------------------------------------------------------------------------------
+
+    def run(self) -> JobOutcome:
+        env = {**os.environ, **self.plan.env}
+        started = self.clock()
+        # Its own session: a Ctrl-C in the terminal reaches us, and we stop the ranks in order.
+        try:
+            self.launcher = subprocess.Popen(
+                list(self.plan.argv),
+                env=env,
+                stdin=subprocess.DEVNULL if self.plan.stdin is None else subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            if self.plan.stdin is not None and self.launcher.stdin is not None:
+                self.launcher.stdin.write(self.plan.stdin.encode())
+                self.launcher.stdin.close()
+        except OSError as error:
+            raise ClusterNotReady(
+                f"cannot start the {self.plan.launcher} launcher ({self.plan.argv[0]}: {error.strerror}); "
+                "fix: install it on this node or choose another launcher"
+            ) from None
+        pump = threading.Thread(target=self._pump_launcher, name="launcher-output", daemon=True)
+        pump.start()
+        outcome = self._watch(started)
+        self.state = outcome.state.value if outcome.state.value != "failed" else "aborting"
+        self._teardown(outcome)
+        # The launcher's last lines. After an abort, do not wait for the end of its output: an ssh
+        # session riding a shared connection hands its output pipe to that connection's process,
+        # which holds it open for as long as a cut-off node leaves the connection up.
+        pump.join(timeout=0.3 if outcome.state is JobState.FAILED else 2)
+        self.view.close()
+        for straggler in self.view.watch.flagged.values():
+            self._print(f"gaudi-cluster: job {self.job_id}: {straggler.line()}")
+        self.state = outcome.state.value
+        return outcome
+
+    def _watch(self, started: float) -> JobOutcome:
+        ranks_seen: dict[int, str] = {}
+        finished: set[int] = set()
+        launcher_exit_seen_at: float | None = None
+        self.state = "running"
+        while True:
+            agents = self.server.agents()
+            self.view.tick(agents)
+            if self.on_first_step is not None and any(agent.step for agent in agents):
+                self._first_step_work = threading.Thread(target=self.on_first_step, name="first-step")
+                self._first_step_work.start()
+                self.on_first_step = None
+            with contextlib.suppress(queue.Empty):
+                signum = self._signals.get_nowait()
+                self._print(
+                    f"gaudi-cluster: received {signal_name(signum)}; stopping job {self.job_id} on every node"
+                )
+                return JobOutcome.stopped(signum, ranks_seen)
+            try:
+                event = self.server.events.get(timeout=0.2)
+            except queue.Empty:
+                event = None
+            if event is not None:
+                failure = self._handle(event, ranks_seen, finished)
+                if failure is not None:
+                    return JobOutcome.failed(failure, ranks_seen)
+            if len(finished) == self.expected:
+                return JobOutcome.succeeded(ranks_seen)
+            now = self.clock()
+            assert self.launcher is not None
+            if self.launcher.poll() is not None:
+                # Rank reports travel on another socket: give them a moment to arrive first.
+                launcher_exit_seen_at = launcher_exit_seen_at or now
+                if now - launcher_exit_seen_at > 3.0 and self.server.events.empty():
+                    return JobOutcome.failed(self._launcher_failure(len(finished)), ranks_seen)
+            failure = self._check_timeouts(now, now - started, ranks_seen)
+            if failure is not None:
+                return JobOutcome.failed(failure, ranks_seen)
+
+    def finish_first_step_work(self, timeout_s: float = 60.0) -> None:
+        """Wait for on_first_step's thread (a short job can end while it still imports; the
+        interpreter must not exit under an import that is half done)."""
+        if self._first_step_work is not None:
+            self._first_step_work.join(timeout_s)
+
+    def _handle(
+        self, event: ControlEvent, ranks_seen: dict[int, str], finished: set[int]
+    ) -> RankFailure | None:
+        if event.kind == "hello":
+            ranks_seen[event.rank] = event.host
+            log.debug("rank %d checked in from %s", event.rank, event.host)
+            if len(ranks_seen) == self.expected and self.on_all_started is not None:
+                threading.Thread(target=self.on_all_started, name="all-started", daemon=True).start()
+                self.on_all_started = None
+            return None
+        if event.kind == "exit":
+            code = int(event.detail.get("code", 1))
+            signum = event.detail.get("signal")
+            tail = tuple(event.detail.get("tail") or ())
+            if code == 0:
+                finished.add(event.rank)
+                return None
+            what = f"was killed by {signal_name(int(signum))}" if signum else f"exited with code {code}"
+            return RankFailure(event.host, event.rank, what, code, tail)
+        reason = event.detail.get("reason", "lost")
+        self.lost_hosts.add(event.host)
+        return RankFailure(event.host, event.rank, f"lost contact: {reason}", 1)
+
+    def _launcher_failure(self, finished: int) -> RankFailure:
+        assert self.launcher is not None
+        code = self.launcher.returncode
+        what = (
+            f"launcher exited with code {code} after {finished} of {self.expected} ranks finished"
+            if code
+            else f"launcher ended but only {finished} of {self.expected} ranks reported success"
+        )
+        return RankFailure("master", None, what, code if code and code > 0 else 1, tuple(self.launcher_tail))
+
+    def _check_timeouts(self, now: float, elapsed: float, ranks_seen: dict[int, str]) -> RankFailure | None:
+        if len(ranks_seen) < self.expected and elapsed > self.settings.start_timeout_s:
+            seen = collections.Counter(ranks_seen.values())
+            missing = [
+                f"{host} ({slots - seen.get(host, 0)} of {slots})"
+                for host, slots in self.slots_by_host.items()
+                if seen.get(host, 0) < slots
+            ]
+            # Agents report their hostname while the plan knows addresses: name both sides.
+            return RankFailure(
+                ", ".join(missing) or "?",
+                None,
+                f"ranks never checked in within {self.settings.start_timeout_s:.0f}s "
+                f"({len(ranks_seen)} of {self.expected} did)",
+                1,
+                tuple(self.launcher_tail),
+            )
+        for agent in self.server.agents():
+            age = agent.progress_age_now(now)
+            if agent.exited or age is None or age <= self.settings.stuck_timeout_s:
+                continue
+            at = f" at step {agent.step}" if agent.step is not None else ""
+            return RankFailure(
+                agent.host,
+                agent.rank,
+                f"is stuck{at}: no progress for {age:.0f}s "
+                f"(GAUDI_CLUSTER_STUCK_TIMEOUT={self.settings.stuck_timeout_s:.0f})",
+                1,
+            )
+        return None
+
+    def _teardown(self, outcome: JobOutcome) -> None:
+        """Succeeded: let the launcher finish. Stopped (a signal to the master): ranks get the stop
+        grace to checkpoint. Failed: abort, ranks are killed at once and the last complete
+        checkpoint is what a restart resumes from."""
+        if outcome.state is JobState.SUCCEEDED:
+            self._wait_launcher(30)
+            return
+        if outcome.failure is not None:
+            self._print("gaudi-cluster: " + outcome.failure.summary(self.job_id))
+        stopping = outcome.state is JobState.STOPPED
+        grace = self.settings.stop_grace_s if stopping else 0.0
+        self.server.stop_all(grace)
+        began = self.clock()
+        deadline = began + (grace + 3 if stopping else self.settings.abort_wait_s)
+        while self.clock() < deadline and any(not agent.exited for agent in self.server.agents()):
+            with contextlib.suppress(queue.Empty):
+                event = self.server.events.get(timeout=0.05)
+                if event.kind in ("exit", "lost"):
+                    self.server.mark_exited(event.rank)
+                    log.debug("rank %d %s after %.2fs", event.rank, event.kind, self.clock() - began)
+        left = [agent.rank for agent in self.server.agents() if not agent.exited]
+        log.debug("ranks confirmed after %.2fs; still unconfirmed: %s", self.clock() - began, left or "none")
+        self._kill_launcher(grace_s=2.0 if stopping else 0.0)
+
+    def _wait_launcher(self, timeout_s: float) -> None:
+        assert self.launcher is not None
+        try:
+            self.launcher.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self._kill_launcher()
+
+    def _kill_launcher(self, grace_s: float = 2.0) -> None:
+        launcher = self.launcher
+        assert launcher is not None
+        procgroup.terminate(launcher.pid, grace_s, done=lambda: launcher.poll() is not None)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            launcher.wait(timeout=2)

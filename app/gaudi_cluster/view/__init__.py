@@ -1,0 +1,1 @@
+"""What the operator sees: the live line, stragglers, status, the job report, failure diagnosis."""

@@ -1,0 +1,180 @@
+"""The report a job leaves next to its results: job_report.json and job_report.png.
+
+JSON: nodes (host, host name, slots, package versions, image build), ranks, the preset's and the
+forwarded variables' names (never values), phase timings from container start to the first step,
+throughput, stragglers and the failure if any. PNG: every rank's own work per step over the run, the
+slow ones highlighted. Built by the master at the end of an attempt; `build` is pure.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("gaudi_cluster.view.report")
+
+JSON_NAME = "job_report.json"
+PNG_NAME = "job_report.png"
+PHASES = (
+    ("container", "container_start", "master_start"),
+    ("control_plane", "master_start", "launch"),
+    ("launch", "launch", "start"),
+    ("imports", "start", "imports_done"),
+    ("model_init", "imports_done", "model_ready"),
+    ("first_step", "model_ready", "first_step"),
+)
+
+
+def phase_timings(points: Mapping[str, float | None]) -> dict[str, float]:
+    """Seconds per phase, and from container start to the first step, for the points that are known."""
+    out = {
+        name: round(float(points[b]) - float(points[a]), 3)  # type: ignore[arg-type]
+        for name, a, b in PHASES
+        if points.get(a) is not None and points.get(b) is not None
+    }
+    if points.get("container_start") is not None and points.get("first_step") is not None:
+        out["container_start_to_first_step"] = round(points["first_step"] - points["container_start"], 3)  # type: ignore[operator]
+    return out
+
+
+def build(
+    *,
+    job_id: str,
+    state: str,
+    exit_code: int,
+    reports: Mapping[str, Mapping[str, Any]],
+    ranks_by_host: Mapping[str, int],
+    rank_hosts: Mapping[int, str],
+    preset_names: Sequence[str],
+    private_names: Sequence[str],
+    points: Mapping[str, float | None],
+    events: Sequence[Mapping[str, Any]],
+    stragglers: Sequence[str],
+    failure: str | None,
+) -> dict[str, Any]:
+    done = next((e for e in events if e.get("event") == "train_done"), {})
+    return {
+        "job": job_id,
+        "state": state,
+        "exit_code": exit_code,
+        "nodes": [
+            {
+                "host": host,
+                "hostname": reports.get(host, {}).get("hostname"),
+                "slots": slots,
+                "accelerator": reports.get(host, {}).get("accelerator"),
+                "versions": reports.get(host, {}).get("versions"),
+                "build_id": reports.get(host, {}).get("build_id"),
+            }
+            for host, slots in ranks_by_host.items()
+        ],
+        "ranks": [{"rank": rank, "hostname": name} for rank, name in sorted(rank_hosts.items())],
+        "env_names": sorted(preset_names),
+        "private_env_names": sorted(private_names),
+        "phases_s": phase_timings(points),
+        "throughput": {
+            "train_samples_per_second": done.get("train_samples_per_second"),
+            "train_loss": done.get("train_loss"),
+            "steps": done.get("step"),
+        },
+        "stragglers": list(stragglers),
+        "failure": failure,
+    }
+
+
+def _pyplot() -> Any | None:
+    """matplotlib's pyplot on the Agg backend; None when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def warm_up_plotting() -> None:
+    """Import matplotlib ahead of the report (about 1 s of CPU here): done during training, it keeps
+    the plot out of the time between a failure and the master's exit."""
+    _pyplot()
+
+
+def plot(histories: Mapping[int, Sequence[tuple[int, float]]], slow: set[int], path: Path) -> bool:
+    """Per-rank work time per step; False when matplotlib is missing or there is nothing to draw."""
+    plt = _pyplot() if any(histories.values()) else None
+    if plt is None:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for rank, points in sorted(histories.items()):
+        if not points:
+            continue
+        steps, seconds = zip(*points, strict=True)
+        style = {"color": "tab:red", "linewidth": 2.2} if rank in slow else {"linewidth": 1.0, "alpha": 0.7}
+        ax.plot(steps, seconds, label=f"rank {rank}" + (" (straggler)" if rank in slow else ""), **style)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("own work per step (s, waits excluded)")
+    ax.set_title("Per-rank step time")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small", ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def write(
+    report: Mapping[str, Any],
+    histories: Mapping[int, Sequence[tuple[int, float]]],
+    slow: set[int],
+    directory: Path,
+) -> list[Path]:
+    """Write the JSON and the plot into `directory`; returns what was written."""
+    written: list[Path] = []
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / JSON_NAME).write_text(json.dumps(report, indent=2) + "\n")
+        written.append(directory / JSON_NAME)
+        if plot(histories, slow, directory / PNG_NAME):
+            written.append(directory / PNG_NAME)
+    except OSError as error:
+        log.warning("could not write the job report into %s: %s", directory, error)
+    return written
+
+
+def container_start() -> float | None:
+    """When this container started: its PID 1 (the image's tini) started; None outside a container."""
+    try:
+        in_container = Path("/proc/1/comm").read_text().strip() == "tini"
+    except OSError:
+        return None
+    return process_start(1) if in_container else None
+
+
+def process_start(pid: int | str = "self") -> float | None:
+    """Unix time a process started (from /proc: its start in clock ticks after boot, plus boot time)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(fields[19])
+        boot = next(
+            float(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime")
+        )
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def read_events(*candidates: Path) -> list[dict[str, Any]]:
+    """Rank 0's events, from the first of these files that exists on this node (job dir, output dir)."""
+    for path in candidates:
+        try:
+            return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        except (OSError, ValueError):
+            continue
+    return []
