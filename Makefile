@@ -12,7 +12,7 @@ IMAGE_CPU ?= $(IMAGE_NAME):cpu
 # The gaudi flavor's pin set (app/gaudi_cluster/settings/profiles.json): gaudi = Gaudi 2/3, dl1 = first-gen Gaudi (AWS DL1).
 PROFILE ?= gaudi
 # Stdlib only, so `make image` needs no venv on the build machine.
-PROFILES := PYTHONPATH=app python3 -m gaudi_cluster.settings.profiles
+PROFILES := PYTHONPATH=app python3 -m gaudi_cluster.settings.profiles_cli
 BASE_IMAGE_CPU ?= gaudi-cluster/debian:bookworm
 NODES ?= 3
 export GAUDI_CLUSTER_IMAGE ?= $(IMAGE_CPU)

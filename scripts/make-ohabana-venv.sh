@@ -22,7 +22,7 @@ die() {
 }
 
 [[ -r "$lock" ]] || die "no lock $lock; fix: PROFILE must be one of the profiles in app/gaudi_cluster/settings/profiles.json"
-plugin="$(PYTHONPATH="$root/app" "$python" -m gaudi_cluster.settings.profiles get "$profile" habana_torch_plugin)"
+plugin="$(PYTHONPATH="$root/app" "$python" -m gaudi_cluster.settings.profiles_cli get "$profile" habana_torch_plugin)"
 stamp="$(cat "$lock" <(printf 'habana-torch-plugin %s\n' "$plugin") | sha256sum | cut -c1-16)"
 if [[ -f "$venv/.installed" && "$(cat "$venv/.installed")" == "$stamp" ]]; then
 	note "$venv is up to date"

@@ -1,6 +1,6 @@
 """`gaudi-cluster` command line: parse, resolve the configuration, dispatch; errors become exit codes.
 
-This is the one place that maps errors to exit codes: 0 ok, 1 job failure, 2 bad input, 3 cluster
+Exit codes (bound in `errors`, as for every entry point): 0 ok, 1 job failure, 2 bad input, 3 cluster
 not ready, 128+N stopped by signal N. Bad input is always one line naming the culprit and the fix.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from gaudi_cluster import __version__
-from gaudi_cluster.errors import ConfigError, GaudiClusterError
+from gaudi_cluster.errors import ConfigError, GaudiClusterError, error_line, exit_code_for
 from gaudi_cluster.settings.config import DEFAULT_JOB_ROOT, add_config_flags, resolve_config
 from gaudi_cluster.view.liveview import configure_logging
 
@@ -254,8 +254,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(args_list)
     except GaudiClusterError as error:
-        print(f"gaudi-cluster: error: {error}", file=sys.stderr)
-        return error.exit_code
+        print(error_line(error), file=sys.stderr)
+        return exit_code_for(error)
 
 
 def _main(args_list: list[str]) -> int:
@@ -310,7 +310,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             args.check_fabric,
         )
     if args.command == "hostfile":
-        from gaudi_cluster.nodes.hostfile import read_hostfile, render_hostfile
+        from gaudi_cluster.nodes.hostfile import render_hostfile
+        from gaudi_cluster.nodes.world import read_hostfile
 
         hostfile = read_hostfile(args.path)
         sys.stdout.write(render_hostfile(hostfile))

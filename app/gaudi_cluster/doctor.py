@@ -11,31 +11,30 @@ import sys
 from collections.abc import Mapping
 from typing import TextIO
 
-from gaudi_cluster.launch.prepare import job_env_for, user_env_files
-from gaudi_cluster.launch.program import output_dir, program_from_args, required_paths, resolve_accelerator
+from gaudi_cluster import master
+from gaudi_cluster.launch.prepare import PrepareSettings, job_env_for, staged_values
+from gaudi_cluster.launch.program import program_from_args
 from gaudi_cluster.nodes import checks
-from gaudi_cluster.nodes.survey import survey_nodes
+from gaudi_cluster.nodes.devices import resolve_accelerator
 from gaudi_cluster.settings.config import ClusterConfig
 
 
 def run_doctor(
     config: ClusterConfig, environ: Mapping[str, str], out: TextIO, json_only: bool = False
 ) -> int:
-    program = program_from_args([], sys.executable, resolve_accelerator(config.accelerator, environ), environ)
-    survey = survey_nodes(
-        config, required_paths(program, os.getcwd()), environ, output_dir=output_dir(program, environ)
+    program = program_from_args(
+        [], sys.executable, resolve_accelerator(config.accelerator, environ), environ, os.getcwd()
     )
-    accelerator = resolve_accelerator(config.accelerator, environ, survey.master_report)
-    env_file = job_env_for(config, accelerator, survey, environ, user_env_files(environ))
-    findings = checks.check_nodes(
-        survey.reports,
-        survey.unreachable,
-        survey.requested_slots,
-        survey.socket_ifname,
-        env_file.as_dict(),
-        survey.paths,
-        min_free_disk=config.min_free_disk,
-    )
+    survey = master.survey_for(config, program, environ)
+    try:
+        accelerator = resolve_accelerator(config.accelerator, environ, survey.master_report)
+        settings = PrepareSettings.from_config(config)
+        env_file = job_env_for(
+            settings, accelerator, survey, environ, staged_values(config.env_pass, environ)
+        )
+        findings = survey.preflight(env_file.as_dict(), config.min_free_disk)
+    finally:
+        survey.release()  # the doctor launches nothing: its shared ssh connections end here
     # Which scale-out path the ranks would take, and why (`auto` decides from the master's probe).
     preset = f"{env_file.preset} ({env_file.preset_reason})"
     findings.append(checks.Finding(survey.hosts[0], "env preset", True, preset))

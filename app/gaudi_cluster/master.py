@@ -1,12 +1,14 @@
-"""The master role, top to bottom: survey -> prepare -> run -> restart policy (or hold).
+"""The master role, top to bottom: survey -> prepare -> launch and supervise -> report -> restart.
 
-Each phase lives in its own module (survey, prepare, supervise, outcome); this one only sequences
-them and owns the job's lifetime: the control server, the final line, the clean-up on every node.
+Each phase lives in its folder (nodes/survey, launch/prepare, supervise/, view/report) and receives
+the settings it reads, cut here from the one ClusterConfig; no phase calls the next. This module owns
+the job's lifetime: the control server, the final line, the clean-up on every node.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import shlex
 import signal
 import sys
@@ -18,11 +20,20 @@ from typing import TextIO
 from gaudi_cluster.engines import auto as engine
 from gaudi_cluster.engines import nodewatch
 from gaudi_cluster.launch import plan
-from gaudi_cluster.launch.plan import LaunchOptions
-from gaudi_cluster.launch.prepare import PreparedJob, prepare, print_dry_run, stable_hostfile_path
-from gaudi_cluster.launch.program import program_from_args, resolve_accelerator
+from gaudi_cluster.launch.prepare import (
+    PreparedJob,
+    PrepareSettings,
+    StagedValues,
+    prepare,
+    print_dry_run,
+    stable_hostfile_path,
+    staged_values,
+)
+from gaudi_cluster.launch.program import DEFAULT_OUTPUT, output_dir, program_from_args, required_paths
 from gaudi_cluster.nodes import ssh
+from gaudi_cluster.nodes.devices import resolve_accelerator
 from gaudi_cluster.nodes.hostfile import render_hostfile
+from gaudi_cluster.nodes.survey import NodeSurvey, SurveySettings, survey_nodes
 from gaudi_cluster.rank import jobdir
 from gaudi_cluster.rank.reap import reap_job
 from gaudi_cluster.settings.config import ClusterConfig
@@ -40,13 +51,13 @@ def run_master(
     job_argv: Sequence[str],
     environ: Mapping[str, str],
     out: TextIO,
-    options: LaunchOptions | None = None,
+    options: plan.LaunchOptions | None = None,
 ) -> int:
     """Prepare and run the job, re-running it up to --max-restarts times after a failure."""
     config = engine.engine_defaults(config, environ)
     log.info("%s", config.describe())
     program = program_from_args(
-        job_argv, sys.executable, resolve_accelerator(config.accelerator, environ), environ
+        job_argv, sys.executable, resolve_accelerator(config.accelerator, environ), environ, os.getcwd()
     )
     attempt = 1
     job: PreparedJob | None = None
@@ -54,14 +65,14 @@ def run_master(
     lost: set[str] = set()
     try:
         while True:
-            job = prepare(config, program, environ, options)
+            job = prepare_attempt(config, program, environ, options)
             if config.dry_run:
                 print_dry_run(job, out)
                 exit_code = 0
                 return exit_code
             outcome = run_prepared(job, config, out)
-            if outcome.failure is not None and outcome.failure.what.startswith("lost contact"):
-                lost.add(outcome.failure.host)
+            if outcome.lost_host is not None:
+                lost.add(outcome.lost_host)
             if not should_restart(outcome, attempt, config.max_restarts):
                 exit_code = outcome.exit_code
                 return exit_code
@@ -73,6 +84,43 @@ def run_master(
             attempt += 1
     finally:
         nodewatch.release_workers(config, environ, job.ssh_config if job else None, exit_code, skip=lost)
+
+
+def survey_for(
+    config: ClusterConfig,
+    program: Sequence[str],
+    environ: Mapping[str, str],
+    staged: StagedValues | None = None,
+) -> NodeSurvey:
+    """The survey phase for this program: every node found, waited for and probed (and, for a launch,
+    the attempt's private values staged on each)."""
+    return survey_nodes(
+        SurveySettings.from_config(config),
+        required_paths(program, os.getcwd()),
+        environ,
+        staged.payload() if staged else None,
+        job_output_dir(program, environ),
+    )
+
+
+def job_output_dir(program: Sequence[str], environ: Mapping[str, str]) -> str:
+    return output_dir(program, environ, os.getcwd(), os.path.isdir(DEFAULT_OUTPUT))
+
+
+def prepare_attempt(
+    config: ClusterConfig,
+    program: Sequence[str],
+    environ: Mapping[str, str],
+    options: plan.LaunchOptions | None = None,
+) -> PreparedJob:
+    """Survey, then prepare: the attempt's values are staged by the survey, used by the preparation."""
+    staged = staged_values(config.env_pass, environ)
+    survey = survey_for(config, program, environ, staged)
+    try:
+        return prepare(PrepareSettings.from_config(config), survey, staged, program, environ, options)
+    except BaseException:
+        survey.release()
+        raise
 
 
 def run_prepared(job: PreparedJob, config: ClusterConfig, out: TextIO) -> JobOutcome:
@@ -198,9 +246,7 @@ def reap_everywhere(job: PreparedJob, config: ClusterConfig, lost_hosts: Set[str
         config.job_root,
     ]
     # A dead or cut-off node must not hold the master's exit: its own agents end its ranks anyway.
-    names = {
-        host: str(job.survey.reports.get(host, {}).get("hostname") or host) for host in job.hostfile.hosts
-    }
+    names = {host: job.survey.node_name(host) for host in job.hostfile.hosts}
     reachable = [host for host, name in names.items() if name not in lost_hosts]
     began = time.monotonic()
     results = ssh.run_on_hosts(reachable, cmd, job.ssh_config, timeout_s=3, connect_timeout_s=1)
@@ -213,10 +259,12 @@ def reap_everywhere(job: PreparedJob, config: ClusterConfig, lost_hosts: Set[str
 
 def hold(config: ClusterConfig, environ: Mapping[str, str], out: TextIO) -> int:
     """Prepare the cluster (hostfile, env file) and stay up so users can launch by hand."""
-    program = program_from_args([], sys.executable, resolve_accelerator(config.accelerator, environ), environ)
-    job = prepare(config, program, environ)
+    program = program_from_args(
+        [], sys.executable, resolve_accelerator(config.accelerator, environ), environ, os.getcwd()
+    )
+    job = prepare_attempt(config, program, environ)
     job.survey.release()  # users launch their own jobs; this one holds no ssh connection open
-    stable = stable_hostfile_path(config)
+    stable = stable_hostfile_path(config.job_root)
     out.write(
         f"gaudi-cluster: cluster ready; hostfile at {stable}:\n{render_hostfile(job.hostfile)}"
         f"run e.g.: gaudi_spawn.py --hostfile {shlex.quote(str(stable))} --use_deepspeed SCRIPT ARGS\n"

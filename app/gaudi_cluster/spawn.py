@@ -24,20 +24,30 @@ from typing import TextIO
 from gaudi_cluster.compat.translate import (
     DEFAULT_MASTER_PORT,
     SpawnConfigError,
+    SpawnInvocation,
     SpawnRequest,
+    check_launcher_choice,
     config_for_spawn,
     options_for_spawn,
     parse_gaudi_spawn_args,
     validate_spawn_request,
 )
-from gaudi_cluster.errors import ConfigError, GaudiClusterError
+from gaudi_cluster.errors import GaudiClusterError, error_line, exit_code_for
 from gaudi_cluster.master import run_master
+from gaudi_cluster.nodes.world import read_hostfile
 from gaudi_cluster.settings.config import resolve_config
 from gaudi_cluster.view.liveview import configure_logging
 
 SpawnRunner = Callable[[SpawnRequest, bool], int | None]
 _OPERATORS = ";&|<>()"
 _EXPANDED = set("$~*?[{`")
+
+
+def parse_spawn_args(argv: Sequence[str], prog: str = "gaudi_spawn.py") -> SpawnInvocation:
+    """gaudi_spawn.py's arguments, checked against this node's files (the script, the hostfile)."""
+    return parse_gaudi_spawn_args(
+        argv, prog=prog, exists=os.path.exists, load_hostfile=read_hostfile, cwd=os.getcwd()
+    )
 
 
 def run_spawn(
@@ -110,13 +120,7 @@ class DistributedRunner:
     ) -> None:
         if multi_hls is not None:
             warnings.warn("multi_hls is deprecated and ignored", DeprecationWarning, stacklevel=2)
-        if use_mpi and use_deepspeed:
-            raise SpawnConfigError("use_mpi and use_deepspeed were both set; fix: choose one launcher")
-        if hostfile is not None and not use_deepspeed:
-            raise SpawnConfigError(
-                f"hostfile {hostfile} needs use_deepspeed=True (multi-node runs go through DeepSpeed); "
-                "fix: pass use_deepspeed=True"
-            )
+        check_launcher_choice(use_mpi, use_deepspeed, hostfile, as_arguments=True)
         if isinstance(world_size, bool) or not isinstance(world_size, int):
             raise SpawnConfigError(f"world_size={world_size!r} is not an integer; fix: pass the device count")
         self.commands = commands_from_list([] if command_list is None else command_list)
@@ -146,7 +150,10 @@ class DistributedRunner:
                     map_by=self.map_by,
                     # The original ignores world_size with a hostfile; only a non-default value can conflict.
                     world_size_explicit=self.world_size != 1,
-                )
+                ),
+                exists=os.path.exists,
+                load_hostfile=read_hostfile,
+                cwd=os.getcwd(),
             )
             for argv in self.commands
         ]
@@ -163,14 +170,11 @@ class DistributedRunner:
 def main(argv: Sequence[str], prog: str, run: SpawnRunner = run_spawn) -> int:
     """`gaudi-cluster spawn ...` and gaudi_spawn.py: parse like gaudi_spawn.py, run; errors -> codes."""
     try:
-        invocation = parse_gaudi_spawn_args(argv, prog=prog)
+        invocation = parse_spawn_args(argv, prog)
         configure_logging(invocation.verbose)
         # GAUDI_CLUSTER_DRY_RUN and every other setting in the environment, checked like the master's.
         dry_run = invocation.dry_run or resolve_config({}, os.environ).dry_run
         return int(run(invocation.request, dry_run) or 0)
-    except ConfigError as error:
-        print(f"{prog}: error: {error}", file=sys.stderr)
-        return error.exit_code
     except GaudiClusterError as error:
-        print(f"{prog}: {error}", file=sys.stderr)
-        return error.exit_code
+        print(error_line(error, prog, tag_bad_input_only=True), file=sys.stderr)
+        return exit_code_for(error)

@@ -7,6 +7,8 @@ import json
 import pytest
 from gaudi_cluster.nodes.checks import Finding, blocking, check_nodes, render_json, render_table
 
+from tests.support.reports import as_report, as_reports
+
 GIB = 1 << 30
 
 
@@ -34,7 +36,9 @@ def findings_for(
     one: dict, *, requested: int | None = None, env: dict | None = None, ifname: str | None = "eth0"
 ) -> list[Finding]:
     paths = ("/workspace", "/w/run.py")
-    return check_nodes({"a": one}, {}, {"a": requested}, ifname, env or {}, paths, min_free_disk=64 << 20)
+    return check_nodes(
+        {"a": as_report(one)}, {}, {"a": requested}, ifname, env or {}, paths, min_free_disk=64 << 20
+    )
 
 
 def by_check(findings: list[Finding], check: str) -> list[Finding]:
@@ -130,7 +134,7 @@ def test_unreachable_nodes_block():
 )
 def test_the_odd_node_out_is_named(key, value, label, detail):
     reports = {"a": report(), "b": report(), "c": report(**{key: value})}
-    found = check_nodes(reports, {}, {}, None, {}, (), min_free_disk=1)
+    found = check_nodes(as_reports(reports), {}, {}, None, {}, (), min_free_disk=1)
     odd = [f for f in found if f.check == label]
     assert [(f.host, f.ok) for f in odd] == [("c", False)]
     assert detail in odd[0].detail

@@ -1,14 +1,31 @@
 """Bad input on every CLI path: exit 2 (or 3), one error line naming the culprit and a fix, no traceback,
-nothing launched. Each case runs the real console command in a fresh process."""
+nothing launched. Each case runs the real console command in a fresh process; the last tests pin, in
+process, the one mapping from errors to exit codes that every entry point ends with."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import NoReturn
 
 import pytest
+from gaudi_cluster import cli, spawn
+from gaudi_cluster.aws import cli as aws_cli
+from gaudi_cluster.aws.calls import AwsCallFailed
+from gaudi_cluster.compat.translate import SpawnConfigError
+from gaudi_cluster.engines import nodewatch
+from gaudi_cluster.errors import (
+    ClusterNotReady,
+    ConfigError,
+    GaudiClusterError,
+    error_line,
+    exit_code_for,
+    signal_exit_code,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 GAUDI_SPAWN = ROOT / "app" / "gaudi_spawn.py"
@@ -135,3 +152,63 @@ def test_verbose_before_or_after_the_command_is_accepted(workdir):
         done = run_cli(argv, workdir)
         assert done.returncode == 0, done.stderr
         assert '"hostname"' in done.stdout
+
+
+# --- the one mapping from errors to exit codes (errors.exit_code_for), used by every entry point ---
+
+CODES = {GaudiClusterError: 1, ConfigError: 2, ClusterNotReady: 3, SpawnConfigError: 2, AwsCallFailed: 1}
+
+
+def subclasses(cls: type) -> set[type]:
+    return {cls} | {sub for direct in cls.__subclasses__() for sub in subclasses(direct)}
+
+
+def test_every_error_type_maps_to_its_exit_code():
+    # A new error type must be added here with the code it means (and to the codes in --help).
+    assert subclasses(GaudiClusterError) == set(CODES)
+    for error_type, code in CODES.items():
+        assert exit_code_for(error_type("x")) == code, error_type
+    # An AWS call failure carries the code of what went wrong: bad credentials, no capacity.
+    assert exit_code_for(AwsCallFailed("x", "AccessDenied", ConfigError.exit_code)) == 2
+    assert exit_code_for(AwsCallFailed("x", "InsufficientInstanceCapacity", ClusterNotReady.exit_code)) == 3
+    assert signal_exit_code(signal.SIGTERM) == 143
+
+
+def raising(error: GaudiClusterError):
+    def fail(*_args: object, **_kwargs: object) -> NoReturn:
+        raise error
+
+    return fail
+
+
+ENTRY_POINTS = ["cli", "spawn", "nodewatch", "aws"]
+
+
+def run_entry(entry: str, error: GaudiClusterError, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Run one entry point in-process with its work replaced by raising `error`."""
+    if entry == "cli":
+        monkeypatch.setattr(cli, "_main", raising(error))
+        return cli.main([])
+    if entry == "spawn":
+        monkeypatch.setattr(spawn, "parse_spawn_args", raising(error))
+        return spawn.main(["run.py"], "gaudi_spawn.py")
+    if entry == "nodewatch":
+        monkeypatch.setattr(nodewatch, "resolve_config", raising(error))
+        return nodewatch.main(["role"])
+    monkeypatch.setattr(aws_cli, "_parser", lambda: SimpleNamespace(parse_args=raising(error)))
+    return aws_cli.main([])
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+@pytest.mark.parametrize("error_type", list(CODES))
+def test_every_entry_point_ends_an_error_the_same_way(entry, error_type, monkeypatch, capsys):
+    error = error_type("the culprit; fix: the fix")
+    assert run_entry(entry, error, monkeypatch) == CODES[error_type]
+    err = capsys.readouterr().err
+    if entry == "spawn":  # as gaudi_spawn.py: `error:` marks bad input, as argparse does
+        tag = "error: " if isinstance(error, ConfigError) else ""
+        assert err == f"gaudi_spawn.py: {tag}the culprit; fix: the fix\n"
+    else:
+        assert err == "gaudi-cluster: error: the culprit; fix: the fix\n"
+    assert err == error_line(error, "gaudi_spawn.py" if entry == "spawn" else "gaudi-cluster",
+                             tag_bad_input_only=entry == "spawn") + "\n"  # fmt: skip

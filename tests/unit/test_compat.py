@@ -8,7 +8,7 @@ import pytest
 from gaudi_cluster.compat.translate import SpawnRequest, parse_gaudi_spawn_args
 from gaudi_cluster.errors import ConfigError
 from gaudi_cluster.nodes.hostfile import parse_hostfile
-from gaudi_cluster.spawn import DistributedRunner, commands_from_list, main
+from gaudi_cluster.spawn import DistributedRunner, commands_from_list, main, parse_spawn_args
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,7 +32,7 @@ def load(path):
 
 
 def parse(argv):
-    return parse_gaudi_spawn_args(argv, exists=exists, load_hostfile=load).request
+    return parse_gaudi_spawn_args(argv, exists=exists, load_hostfile=load, cwd="/w").request
 
 
 def test_seed_command():
@@ -130,7 +130,7 @@ def test_missing_hostfile_is_config_error(tmp_path):
     script = tmp_path / "s.py"
     script.write_text("")
     with pytest.raises(ConfigError, match="does not exist"):
-        parse_gaudi_spawn_args(["--hostfile", str(tmp_path / "nope"), "--use_deepspeed", str(script)])
+        parse_spawn_args(["--hostfile", str(tmp_path / "nope"), "--use_deepspeed", str(script)])
 
 
 def test_command_from_list():

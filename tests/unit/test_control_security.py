@@ -13,7 +13,8 @@ import threading
 import time
 
 import pytest
-from gaudi_cluster.supervise.control import ControlServer
+from gaudi_cluster.supervise.control import ControlServer, EventKind
+from gaudi_cluster.view.jobview import AgentState
 from gaudi_cluster.wire import protocol
 from gaudi_cluster.wire.channel import Channel, authenticate, connect
 
@@ -53,9 +54,9 @@ def next_event(server: ControlServer, timeout: float = 3.0):
 def test_the_right_secret_is_admitted(server):
     channel = join(server)
     event = next_event(server)
-    assert (event.kind, event.host, event.rank, event.detail["pid"]) == ("hello", HOST, 0, 4242)
+    assert (event.kind, event.host, event.rank, event.detail["pid"]) == (EventKind.HELLO, HOST, 0, 4242)
     channel.send({"type": "exit", "code": 0, "signal": None, "tail": ["done"], "stop_reason": None})
-    assert next_event(server).kind == "exit"
+    assert next_event(server).kind is EventKind.EXIT
 
 
 def test_a_wrong_secret_is_refused_and_logged_once_with_the_peer(server, caplog):
@@ -98,9 +99,9 @@ def test_a_replayed_answer_fails_on_a_new_challenge(server):
     sock, challenge = raw(server)
     recorded = hello(server, challenge["nonce"])
     send(sock, recorded)
-    assert next_event(server).kind == "hello"
+    assert next_event(server).kind is EventKind.HELLO
     sock.close()
-    assert next_event(server).kind == "lost"
+    assert next_event(server).kind is EventKind.LOST
     replay, _ = raw(server)
     send(replay, recorded)  # same bytes, new nonce: the MAC no longer matches
     assert closed(replay)
@@ -126,7 +127,7 @@ def test_only_the_pairs_the_master_launched_get_in(server, rank, host, why):
 
 def test_a_second_hello_for_a_connected_rank_never_replaces_it(server):
     first = join(server, rank=1)
-    assert next_event(server).kind == "hello"
+    assert next_event(server).kind is EventKind.HELLO
     with pytest.raises(ConnectionError, match="rank 1 is already connected"):
         join(server, rank=1)
     first.send({"type": "hello", **hello(server, "0" * 64, rank=1)})  # a second hello on the same line
@@ -134,6 +135,7 @@ def test_a_second_hello_for_a_connected_rank_never_replaces_it(server):
     time.sleep(0.3)
     (agent,) = server.agents()
     assert (agent.rank, agent.pid, agent.step) == (1, 4242, 5)
+    assert type(agent) is AgentState  # the one record of a rank, shared with what the operator sees
 
 
 def test_the_old_attack_cannot_stop_the_job(server):
@@ -147,9 +149,9 @@ def test_the_old_attack_cannot_stop_the_job(server):
 
 def test_a_line_over_64_kb_closes_the_connection(server):
     channel = join(server)
-    assert next_event(server).kind == "hello"
+    assert next_event(server).kind is EventKind.HELLO
     channel._sock.sendall(b"x" * (protocol.MAX_LINE + 10))
-    assert next_event(server).kind == "lost"
+    assert next_event(server).kind is EventKind.LOST
 
 
 def test_connections_beyond_the_budget_are_refused(server):
@@ -230,7 +232,7 @@ def test_well_formed_messages_pass():
 
 def test_hostile_messages_after_the_handshake_never_kill_the_server(server):
     channel = join(server)
-    assert next_event(server).kind == "hello"
+    assert next_event(server).kind is EventKind.HELLO
     for _, message in BAD_MESSAGES:
         channel.send(message)
     channel.send({"type": "beat", "step": 3, "progress_age": 0.0})

@@ -17,12 +17,17 @@ ENOSPC = [
 
 
 def test_the_summary_carries_the_final_exception_and_the_fix():
-    line = RankFailure("worker-2", 2, "exited with code 1", 1, tuple(ENOSPC)).summary("j1")
+    line = RankFailure.exited("worker-2", 2, 1, ENOSPC).summary("j1")
     assert line.startswith(
         "job j1 failed: host worker-2 rank 2 exited with code 1: OSError: [Errno 28] No space left"
     )
     assert "likely cause: the disk holding this rank's output is full; fix: free space" in line
     assert "\n" not in line
+
+
+def test_a_rank_killed_by_sigkill_gets_the_oom_hint_and_one_that_exited_does_not():
+    assert "out-of-memory killer" in RankFailure.signalled("w", 0, 9, 137, ["step 3"]).summary("j1")
+    assert "likely cause" not in RankFailure.exited("w", 0, 137, ["step 3"]).summary("j1")
 
 
 @pytest.mark.parametrize(

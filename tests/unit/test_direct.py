@@ -11,6 +11,7 @@ from gaudi_cluster.launch.launchers import plan_for
 from gaudi_cluster.launch.node import agent_command, rank_environments
 from gaudi_cluster.launch.plan import AgentSettings, PlanInputs
 from gaudi_cluster.nodes.hostfile import HostEntry, Hostfile
+from gaudi_cluster.wire.node_spec import FanoutSpec
 
 PY = "/opt/venv/bin/python"
 AGENT = AgentSettings("j1", "/run/gaudi-cluster/jobs", 10.0, "10.0.0.1:29400")
@@ -39,15 +40,28 @@ def inputs(**over) -> PlanInputs:
 def test_the_plan_is_one_fanout_with_a_spec_per_node():
     plan = plan_for("direct", inputs())
     assert plan.argv == (PY, "-u", "-m", "gaudi_cluster.launch.fanout")
-    launch = json.loads(plan.stdin)
-    assert [(n["host"], n["here"]) for n in launch["nodes"]] == [("10.0.0.1", True), ("10.0.0.2", False)]
-    second = launch["nodes"][1]["spec"]
-    assert (second["node_rank"], second["nnodes"], second["first_rank"], second["slots"]) == (1, 2, 2, [0, 1])
-    assert second["agent_args"][-6:] == ["--", PY, "-u", "/w/train.py", "--lr", "1"]
-    assert node_command(launch["nodes"][0], launch) == [PY, "-u", "-m", "gaudi_cluster.launch.node"]
-    assert node_command(launch["nodes"][1], launch) == [
+    launch = FanoutSpec.from_json(plan.stdin)
+    assert [(n.host, n.here) for n in launch.nodes] == [("10.0.0.1", True), ("10.0.0.2", False)]
+    second = launch.nodes[1].spec
+    assert (second.node_rank, second.nnodes, second.first_rank, second.slots) == (1, 2, 2, (0, 1))
+    assert second.agent_args[-6:] == ("--", PY, "-u", "/w/train.py", "--lr", "1")
+    assert node_command(launch.nodes[0], launch) == [PY, "-u", "-m", "gaudi_cluster.launch.node"]
+    assert node_command(launch.nodes[1], launch) == [
         "ssh", "-T", "-F", "/j/ssh_config", "10.0.0.2", f"{PY} -u -m gaudi_cluster.launch.node",
     ]  # fmt: skip
+
+
+def test_the_wire_format_keeps_its_fields_and_gains_a_schema():
+    """What crosses to the fanout and the nodes, as JSON: the fields and their meaning of before."""
+    launch = json.loads(plan_for("direct", inputs()).stdin)
+    assert (launch["schema"], launch["python"], launch["ssh_config"]) == (1, PY, "/j/ssh_config")
+    assert [(n["host"], n["here"]) for n in launch["nodes"]] == [("10.0.0.1", True), ("10.0.0.2", False)]
+    second = launch["nodes"][1]["spec"]
+    assert second == {
+        "schema": 1, "node_rank": 1, "nnodes": 2, "first_rank": 2, "slots": [0, 1], "world_size": 4,
+        "master_addr": "10.0.0.1", "master_port": 29500, "cwd": "/w", "env": {"HCCL_X": "1"}, "python": PY,
+        "agent_args": [*AGENT.args(("PROGRAM",))[:-1], PY, "-u", "/w/train.py", "--lr", "1"],
+    }  # fmt: skip
 
 
 def test_deepspeed_runner_flags_need_deepspeed():
@@ -56,7 +70,7 @@ def test_deepspeed_runner_flags_need_deepspeed():
 
 
 def test_each_rank_gets_what_deepspeeds_launch_py_sets():
-    spec = json.loads(plan_for("direct", inputs()).stdin)["nodes"][1]["spec"]
+    spec = FanoutSpec.from_json(plan_for("direct", inputs()).stdin).nodes[1].spec
     envs = rank_environments(spec, {"PATH": "/bin", "PYTHONPATH": "/opt/app"})
     assert [{k: e[k] for k in ("RANK", "LOCAL_RANK")} for e in envs] == [
         {"RANK": "2", "LOCAL_RANK": "0"},
@@ -72,5 +86,7 @@ def test_each_rank_gets_what_deepspeeds_launch_py_sets():
 
 
 def test_a_local_job_starts_every_node_here():
-    launch = json.loads(plan_for("direct", inputs(local=True, this_node=None, ssh_config_path=None)).stdin)
-    assert all(node["here"] for node in launch["nodes"])
+    plan = plan_for("direct", inputs(local=True, this_node=None, ssh_config_path=None))
+    launch = FanoutSpec.from_json(plan.stdin)
+    assert all(node.here for node in launch.nodes)
+    assert launch.ssh_config == "(the job's ssh config)"  # a dry run's placeholder: nothing uses it here

@@ -4,14 +4,9 @@ import socket
 
 import pytest
 from gaudi_cluster.errors import ClusterNotReady, ConfigError
+from gaudi_cluster.nodes import slurm
 from gaudi_cluster.nodes.discovery import (
-    DiscoverySpec,
     Peer,
-    default_resolve,
-    describe_source,
-    detect_source,
-    discover_once,
-    expand_slurm_nodelist,
     peers_from_dns,
     peers_from_hostfile,
     peers_from_mpi_operator,
@@ -19,6 +14,7 @@ from gaudi_cluster.nodes.discovery import (
     peers_from_static,
     wait_for_peers,
 )
+from gaudi_cluster.nodes.world import read_hostfile
 
 
 @pytest.mark.parametrize(
@@ -72,16 +68,12 @@ def test_dns_error_propagates():
         peers_from_dns("worker", resolve=nx)
 
 
-def test_default_resolve_localhost():
-    assert "127.0.0.1" in default_resolve("localhost") or "::1" in default_resolve("localhost")
-
-
 def test_peers_from_hostfile(tmp_path):
     p = tmp_path / "hf"
     p.write_text("m slots=4\nw slots=2\n")
-    assert peers_from_hostfile(p) == [Peer("m", 4), Peer("w", 2)]
+    assert peers_from_hostfile(str(p), read_hostfile) == [Peer("m", 4), Peer("w", 2)]
     with pytest.raises(ConfigError):
-        peers_from_hostfile(tmp_path / "missing")
+        peers_from_hostfile(str(tmp_path / "missing"), read_hostfile)
 
 
 @pytest.mark.parametrize(
@@ -94,12 +86,17 @@ def test_peers_from_hostfile(tmp_path):
         pytest.param("n[08-10]", ["n08", "n09", "n10"], id="padding-kept"),
         pytest.param("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"], id="two-brackets"),
         pytest.param("gpu[3],cpu[1-2]", ["gpu3", "cpu1", "cpu2"], id="two-items"),
-        pytest.param("x[1-2],x2,y", ["x1", "x2", "x2", "y"], id="duplicates-kept-as-slurm"),
         pytest.param("host-a.dom,host-b.dom", ["host-a.dom", "host-b.dom"], id="fqdn"),
     ],
 )
-def test_expand_slurm(nodelist, expected):
-    assert expand_slurm_nodelist(nodelist) == expected
+def test_slurm_source_expands_the_node_list(nodelist, expected):
+    assert peers_from_slurm({"SLURM_JOB_NODELIST": nodelist}) == [Peer(h) for h in expected]
+
+
+def test_slurm_duplicates_are_kept_by_the_expansion_and_refused_by_the_source():
+    assert slurm.expand_hostlist("x[1-2],x2,y") == ["x1", "x2", "x2", "y"]
+    with pytest.raises(ConfigError, match=r"^SLURM_JOB_NODELIST='x\[1-2\],x2,y' lists x2 twice; fix:"):
+        peers_from_slurm({"SLURM_JOB_NODELIST": "x[1-2],x2,y"})
 
 
 @pytest.mark.parametrize(
@@ -110,12 +107,16 @@ def test_expand_slurm(nodelist, expected):
         pytest.param("n[a-b]", id="letters"),
         pytest.param("n[]", id="empty-brackets"),
         pytest.param("n[[1]]", id="nested"),
-        pytest.param("", id="empty"),
     ],
 )
-def test_expand_slurm_errors(nodelist):
-    with pytest.raises(ConfigError, match=r"^SLURM_JOB_NODELIST.*fix:"):
-        expand_slurm_nodelist(nodelist)
+def test_slurm_source_refuses_a_bad_node_list(nodelist):
+    with pytest.raises(ConfigError, match=r"^SLURM_JOB_NODELIST=.*fix:"):
+        peers_from_slurm({"SLURM_JOB_NODELIST": nodelist})
+
+
+def test_slurm_source_refuses_an_empty_node_list():
+    with pytest.raises(ConfigError, match=r"^no Slurm node list.*fix:"):
+        peers_from_slurm({"SLURM_JOB_NODELIST": ""})
 
 
 @pytest.mark.parametrize(
@@ -181,66 +182,6 @@ def test_mpi_operator_unreadable():
         peers_from_mpi_operator({}, read_text=missing)
 
 
-@pytest.mark.parametrize(
-    ("env", "exists", "expected"),
-    [
-        pytest.param({"SLURM_JOB_NODELIST": "n1"}, False, DiscoverySpec(slurm=True), id="slurm"),
-        pytest.param(
-            {"OMPI_MCA_orte_default_hostfile": "/h"}, False, DiscoverySpec(mpi_operator=True), id="ompi-env"
-        ),
-        pytest.param({}, True, DiscoverySpec(mpi_operator=True), id="etc-mpi"),
-        pytest.param({"SLURM_JOB_NODELIST": "n1"}, True, DiscoverySpec(slurm=True), id="slurm-wins"),
-        pytest.param({"SLURM_STEP_NODELIST": "n1"}, False, DiscoverySpec(slurm=True), id="slurm-step"),
-        pytest.param({}, False, None, id="nothing"),
-    ],
-)
-def test_detect_source(env, exists, expected):
-    assert detect_source(env, exists=lambda p: exists and p == "/etc/mpi/hostfile") == expected
-
-
-def test_discover_once_each_source(tmp_path):
-    hf = tmp_path / "hf"
-    hf.write_text("h slots=1\n")
-    resolve = {"svc": ["10.0.0.3", "10.0.0.1"]}.__getitem__
-    env = {"SLURM_JOB_NODELIST": "s[1-2]"}
-    files = {"/etc/mpi/hostfile": "m slots=2\n"}
-
-    def once(spec):
-        return discover_once(spec, env, resolve, read_text=files.__getitem__)
-
-    assert once(DiscoverySpec(peers="a,b:2")) == [Peer("a"), Peer("b", 2)]
-    assert once(DiscoverySpec(dns="svc")) == [Peer("10.0.0.1"), Peer("10.0.0.3")]
-    assert once(DiscoverySpec(hostfile=str(hf))) == [Peer("h", 1)]
-    assert once(DiscoverySpec(slurm=True)) == [Peer("s1"), Peer("s2")]
-    assert once(DiscoverySpec(mpi_operator=True)) == [Peer("m", 2)]
-
-
-def test_discover_once_two_sources_names_both():
-    with pytest.raises(ConfigError) as exc:
-        discover_once(DiscoverySpec(peers="a", dns="svc"), {})
-    assert "GAUDI_CLUSTER_PEERS=a" in str(exc.value)
-    assert "GAUDI_CLUSTER_PEERS_DNS=svc" in str(exc.value)
-    assert "fix:" in str(exc.value)
-
-
-def test_discover_once_no_source_lists_options():
-    with pytest.raises(ConfigError) as exc:
-        discover_once(DiscoverySpec(), {})
-    for option in (
-        "GAUDI_CLUSTER_PEERS",
-        "GAUDI_CLUSTER_PEERS_DNS",
-        "GAUDI_CLUSTER_HOSTFILE",
-        "Slurm",
-        "MPI",
-    ):
-        assert option in str(exc.value)
-
-
-def test_describe_source():
-    assert describe_source(DiscoverySpec(dns="worker")) == "DNS name 'worker'"
-    assert describe_source(DiscoverySpec(peers="a")) == "static peer list"
-
-
 class FakeClock:
     def __init__(self) -> None:
         self.t = 100.0
@@ -263,11 +204,9 @@ def test_wait_returns_as_soon_as_all_found():
         calls.append(clock())
         return next(results)
 
-    polls = []
-    peers = wait_for_peers(discover, 2, 30, clock, clock.sleep, lambda found, err: polls.append(len(found)))
+    peers = wait_for_peers(discover, 2, 30, clock, clock.sleep)
     assert peers == [Peer("a"), Peer("b")]
-    assert len(calls) == 3
-    assert polls == [0, 1, 2]
+    assert calls == [100.0, 101.0, 102.0]
     assert clock.sleeps == [1.0, 1.0]
 
 
@@ -291,7 +230,7 @@ def test_wait_expiry_names_what_is_missing():
     assert sum(clock.sleeps) == 30.0
 
 
-def test_wait_names_missing_hosts_and_last_error():
+def test_wait_names_what_is_missing_and_forgets_an_old_error():
     clock = FakeClock()
 
     def discover():
@@ -300,10 +239,10 @@ def test_wait_names_missing_hosts_and_last_error():
         return [Peer("w1")]
 
     with pytest.raises(ClusterNotReady) as exc:
-        wait_for_peers(discover, None, 12.5, clock, clock.sleep, want_hosts=["w1", "w2", "w3"], interval_s=5)
+        wait_for_peers(discover, 3, 12.5, clock, clock.sleep, interval_s=5)
     msg = str(exc.value)
     assert "found 1 of 3 peers" in msg
-    assert "missing w2, w3" in msg
+    assert "w1; missing 2; fix:" in msg
     assert "gaierror" not in msg  # the last poll succeeded
     assert clock.sleeps == [5, 5, 2.5]
 
@@ -311,15 +250,18 @@ def test_wait_names_missing_hosts_and_last_error():
 def test_wait_dns_errors_count_as_zero_then_succeed():
     clock = FakeClock()
 
+    answers = []
+
     def discover():
         if clock() < 103:
+            answers.append("gaierror")
             raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        answers.append(None)
         return [Peer("10.0.0.5")]
 
-    errors = []
-    peers = wait_for_peers(discover, None, 10, clock, clock.sleep, lambda f, e: errors.append(e))
+    peers = wait_for_peers(discover, None, 10, clock, clock.sleep)
     assert peers == [Peer("10.0.0.5")]
-    assert [type(e).__name__ if e else None for e in errors] == ["gaierror"] * 3 + [None]
+    assert answers == ["gaierror"] * 3 + [None]
 
 
 def test_wait_expected_none_returns_first_nonempty_answer():

@@ -9,8 +9,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from gaudi_cluster.compat.translate import SpawnRequest, options_for_spawn, parse_gaudi_spawn_args
-from gaudi_cluster.spawn import DistributedRunner, command_words
+from gaudi_cluster.compat.translate import SpawnRequest, options_for_spawn
+from gaudi_cluster.spawn import DistributedRunner, command_words, parse_spawn_args
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,35 +64,35 @@ def test_dry_run_goes_anywhere_among_the_launcher_flags_but_not_after_the_script
     monkeypatch.chdir(tmp_path)
     (tmp_path / "s.py").write_text("")
     for argv in (["--dry-run", "--world_size", "2", "s.py"], ["--world_size", "2", "--dry-run", "s.py"]):
-        parsed = parse_gaudi_spawn_args(argv)
+        parsed = parse_spawn_args(argv)
         assert parsed.dry_run and parsed.request.script_args == ()
-    after = parse_gaudi_spawn_args(["--world_size", "2", "s.py", "--dry-run"])
+    after = parse_spawn_args(["--world_size", "2", "s.py", "--dry-run"])
     assert not after.dry_run and after.request.script_args == ("--dry-run",)
 
 
 def test_master_port_in_both_spellings_and_no_abbreviations(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "s.py").write_text("")
-    assert parse_gaudi_spawn_args(["--master-port", "29611", "s.py"]).request.master_port == 29611
-    assert parse_gaudi_spawn_args(["--master_port", "29612", "s.py"]).request.master_port == 29612
+    assert parse_spawn_args(["--master-port", "29611", "s.py"]).request.master_port == 29611
+    assert parse_spawn_args(["--master_port", "29612", "s.py"]).request.master_port == 29612
     with pytest.raises(ValueError, match="unrecognized arguments: --master"):
-        parse_gaudi_spawn_args(["--master", "1234", "s.py"])
+        parse_spawn_args(["--master", "1234", "s.py"])
 
 
 def test_deepspeed_runner_flags_keep_deepspeeds_meaning(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "s.py").write_text("")
     (tmp_path / "H").write_text("n1 slots=4\nn2 slots=4\nn3 slots=2\n")
-    request = parse_gaudi_spawn_args(
+    request = parse_spawn_args(
         ["--hostfile", "H", "--use_deepspeed", "--include", "n1:0,1@n3", "--bind_cores_to_rank", "s.py"]
     ).request
     assert request.world_size == 4
     assert options_for_spawn(request).runner_args() == ("--include", "n1:0,1@n3", "--bind_cores_to_rank")
-    nodes = parse_gaudi_spawn_args(["--hostfile", "H", "--use_deepspeed", "--num_nodes", "2", "s.py"]).request
+    nodes = parse_spawn_args(["--hostfile", "H", "--use_deepspeed", "--num_nodes", "2", "s.py"]).request
     assert nodes.world_size == 8
-    gpus = parse_gaudi_spawn_args(["--hostfile", "H", "--use_deepspeed", "--num_gpus", "1", "s.py"]).request
+    gpus = parse_spawn_args(["--hostfile", "H", "--use_deepspeed", "--num_gpus", "1", "s.py"]).request
     assert gpus.world_size == 3
-    single = parse_gaudi_spawn_args(["--nproc_per_node", "4", "s.py"]).request
+    single = parse_spawn_args(["--nproc_per_node", "4", "s.py"]).request
     assert single.world_size == 4
 
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -48,7 +51,8 @@ SLURM_STEP = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST":
 def test_auto_role(env, hostnames, role, engine_name, master):
     found = engine.auto_role(env, hostnames)
     assert (found.role, found.engine, found.master_host) == (role, engine_name, master)
-    assert found.follows_master == (role == "worker" and engine_name == "slurm")
+    # Only a Slurm worker follows a master (Kubernetes ends its pods itself): only it is given one.
+    assert (found.master_host is not None) == (role == "worker" and engine_name == "slurm")
 
 
 @pytest.mark.parametrize(
@@ -126,6 +130,25 @@ def test_agents_running_reads_proc(tmp_path):
     assert nodewatch.agents_running(tmp_path)
     (tmp_path / "12" / "cmdline").unlink()
     assert not nodewatch.agents_running(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("on_sigterm", "ended_by", "took_grace"),
+    [("signal.SIG_DFL", -signal.SIGTERM, False), ("signal.SIG_IGN", -signal.SIGKILL, True)],
+)
+def test_sshd_is_stopped_alone_sigterm_then_sigkill_after_the_grace(on_sigterm, ended_by, took_grace):
+    # Started like sshd: in this process's group. Were the group signalled, pytest would get it too.
+    code = (
+        f"import signal, time; signal.signal(signal.SIGTERM, {on_sigterm}); print(flush=True); time.sleep(30)"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    assert child.stdout is not None and child.stdout.readline() == b"\n"  # its handler is in place
+    started = time.monotonic()
+    nodewatch._stop(child, grace_s=1.0)
+    assert child.returncode == ended_by
+    assert (time.monotonic() - started >= 1.0) is took_grace
+    child.stdout.close()
+    nodewatch._stop(child)  # already reaped: nothing is signalled (its pid may be another's by now)
 
 
 def test_release_leaves_the_marker_follow_looks_for(tmp_path):

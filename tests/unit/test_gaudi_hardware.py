@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from gaudi_cluster.env import presets
 from gaudi_cluster.nodes import devices, probe
+from gaudi_cluster.wire.node_report import NodeReport
 
 HPU_DIR = Path(__file__).resolve().parents[1] / "cluster" / "hpu"
 
@@ -150,16 +151,18 @@ def test_fi_info_runs_with_the_ranks_ld_library_path(fake_node):
 def test_probe_of_an_hpu_node_reports_driver_profile_and_providers(fake_node, monkeypatch, tmp_path):
     profile_file = tmp_path / "PROFILE"
     profile_file.write_text("dl1\n")
-    monkeypatch.setattr(probe.profiles, "PROFILE_FILE", profile_file)
+    monkeypatch.setattr(probe, "PROFILE_FILE", profile_file)
     report = probe.probe([], "hpu", None, check_efa=False, check_fabric=True)
-    assert report["driver_version"] == "1.21.0-555"
-    assert report["profile"] == "dl1"
-    assert report["fi_providers"] == {"efa": False, "verbs": True}
-    assert report["efa_provider"] is False
+    assert report.driver_version == "1.21.0-555"
+    assert report.profile == "dl1"
+    assert report.fi_providers == {"efa": False, "verbs": True}
+    assert report.efa_provider is False
     # No /dev/accel on this machine: the slots fall back to hl-smi's 8 cards.
-    assert report["slots"] == 8
+    assert report.slots == 8
+    # What the master reads back over ssh is what the node measured.
+    assert NodeReport.from_json(report.to_json()) == report
 
 
 def test_probe_of_a_cpu_node_runs_no_vendor_tool(fake_node):
     report = probe.probe([], "cpu", None, check_efa=False, check_fabric=True)
-    assert "driver_version" not in report and "fi_providers" not in report
+    assert report.driver_version is None and report.fi_providers == {}

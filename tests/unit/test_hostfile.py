@@ -7,10 +7,10 @@ from gaudi_cluster.nodes.hostfile import (
     Hostfile,
     make_hostfile,
     parse_hostfile,
-    read_hostfile,
     render_hostfile,
     render_mpi_hosts,
 )
+from gaudi_cluster.nodes.world import read_hostfile
 from hypothesis import given
 from hypothesis import strategies as st
 

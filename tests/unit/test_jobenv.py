@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from gaudi_cluster.env import jobenv
+from gaudi_cluster.env import cpu_threads
 from gaudi_cluster.env.envfile import EnvFile, is_secret
 from gaudi_cluster.env.jobenv import (
     UserEnvFile,
@@ -14,6 +14,8 @@ from gaudi_cluster.env.jobenv import (
     user_env_paths,
 )
 from gaudi_cluster.errors import ConfigError
+
+from tests.support.reports import as_reports
 
 SECRETS = [
     "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "GITHUB_TOKEN", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
@@ -147,24 +149,26 @@ ONE_SERVER = {h: {"boot_id": "b1", "cpus": 2} for h in ("master", "worker-1", "w
     ],
 )
 def test_cpu_threads_split_a_servers_cpus_between_its_ranks(ranks, reports, expected):
-    found = jobenv.cpu_threads_per_rank(ranks, reports)
+    found = cpu_threads.cpu_threads_per_rank(ranks, as_reports(reports))
     assert (None if found is None else (found.threads, found.ranks, found.cpus)) == expected
 
 
 def test_cpu_threads_never_replace_a_chosen_value_and_name_the_shared_nodes():
-    threads = jobenv.cpu_threads_per_rank({"master": 1, "worker-1": 1, "worker-2": 1}, ONE_SERVER)
+    threads = cpu_threads.cpu_threads_per_rank(
+        {"master": 1, "worker-1": 1, "worker-2": 1}, as_reports(ONE_SERVER)
+    )
     assert threads is not None
     assert (
         "3 ranks share 2 CPUs (one server: nodes master, worker-1, worker-2 report the same kernel boot id)"
         in threads.line()
     )
     plain = EnvFile(items=(("DS_ACCELERATOR", "cpu"),))
-    assert jobenv.with_cpu_threads(plain, threads).as_dict() == {
+    assert cpu_threads.with_cpu_threads(plain, threads).as_dict() == {
         "DS_ACCELERATOR": "cpu",
         "OMP_NUM_THREADS": "1",
     }
     chosen = EnvFile(items=(("OMP_NUM_THREADS", "2"),))
-    assert jobenv.with_cpu_threads(chosen, threads) is chosen
+    assert cpu_threads.with_cpu_threads(chosen, threads) is chosen
     private = EnvFile(items=(), private=(("OMP_NUM_THREADS", "4"),))
-    assert jobenv.with_cpu_threads(private, threads) is private
-    assert jobenv.with_cpu_threads(plain, None) is plain
+    assert cpu_threads.with_cpu_threads(private, threads) is private
+    assert cpu_threads.with_cpu_threads(plain, None) is plain

@@ -5,37 +5,39 @@ from __future__ import annotations
 import io
 import json
 import socket
-from dataclasses import dataclass, field
 
 import pytest
 from gaudi_cluster.errors import ClusterNotReady, ConfigError
 from gaudi_cluster.view import report, status
-from gaudi_cluster.view.jobview import RateMeter, StragglerWatch, live_line, render_table, status_rows
+from gaudi_cluster.view.jobview import (
+    AgentState,
+    RateMeter,
+    StragglerWatch,
+    live_line,
+    render_table,
+    status_rows,
+)
 from gaudi_cluster.view.liveview import LiveView
 from gaudi_cluster.wire import protocol
 
-
-@dataclass
-class Agent:
-    host: str
-    rank: int
-    local_rank: int = 0
-    step: int | None = None
-    max_steps: int | None = 100
-    samples_per_step: int | None = 12
-    last_seen: float = 0.0
-    last_line: str = ""
-    exited: bool = False
-    recent_work: tuple[tuple[int, float], ...] = field(default_factory=tuple)
+from tests.support.reports import as_reports
 
 
-def agents(slow_rank: int | None, steps: int = 10, slow: float = 0.8, warmup: float = 0.4) -> list[Agent]:
+def agent_state(host: str, rank: int, local_rank: int = 0, step: int | None = None, **fields) -> AgentState:
+    """The control server's record of one rank, in a job of 100 steps of 12 samples."""
+    fields = {"max_steps": 100, "samples_per_step": 12, **fields}
+    return AgentState(host, rank, pid=1000 + rank, last_seen=0.0, local_rank=local_rank, step=step, **fields)
+
+
+def agents(
+    slow_rank: int | None, steps: int = 10, slow: float = 0.8, warmup: float = 0.4
+) -> list[AgentState]:
     """Four ranks on two hosts at `steps` steps; steps 1-3 (warm-up) take `warmup` seconds."""
     out = []
     for rank in range(4):
         seconds = slow if rank == slow_rank else 0.4 + 0.01 * rank
         work = tuple((s, warmup if s <= 3 else seconds) for s in range(1, steps + 1))
-        out.append(Agent(f"w{rank // 2}", rank, rank % 2, steps, recent_work=work))
+        out.append(agent_state(f"w{rank // 2}", rank, rank % 2, steps, recent_work=work))
     return out
 
 
@@ -93,7 +95,7 @@ def test_on_a_terminal_the_line_is_redrawn_in_place_and_rank_lines_stay_above_it
 def test_off_a_terminal_the_line_is_printed_at_the_first_step_then_every_interval():
     out, now = io.StringIO(), [0.0]
     view = LiveView(out, 30.0, lambda: now[0], tty=False)
-    waiting = [Agent(f"w{rank // 2}", rank, rank % 2) for rank in range(4)]
+    waiting = [agent_state(f"w{rank // 2}", rank, rank % 2) for rank in range(4)]
     for second in range(1, 5):  # ranks checked in, no step yet: quiet until the interval
         now[0] = float(second)
         view.tick(waiting)
@@ -149,7 +151,7 @@ def test_the_report_holds_phases_names_and_stragglers(tmp_path):
         job_id="j1",
         state="succeeded",
         exit_code=0,
-        reports={"10.0.0.1": {"hostname": "m", "versions": {"torch": "2"}, "build_id": "b"}},
+        reports=as_reports({"10.0.0.1": {"hostname": "m", "versions": {"torch": "2"}, "build_id": "b"}}),
         ranks_by_host={"10.0.0.1": 2},
         rank_hosts={0: "m", 1: "m"},
         preset_names=["DS_ACCELERATOR"],

@@ -7,11 +7,25 @@ import subprocess
 
 import pytest
 from gaudi_cluster.errors import ConfigError
-from gaudi_cluster.launch.launchers import deepspeed_plan, mpirun_plan, plan_for, torchrun_plan
+from gaudi_cluster.launch.launchers import (
+    LAUNCHERS,
+    MPIRUN,
+    OPENMPI,
+    PDSH,
+    SSH,
+    Launcher,
+    deepspeed_plan,
+    launcher_named,
+    mpirun_plan,
+    plan_for,
+    torchrun_plan,
+)
 from gaudi_cluster.launch.plan import (
     AgentSettings,
     LaunchPlan,
+    OnPath,
     PlanInputs,
+    PythonModule,
     quote_for_pdsh,
     rank_command,
     render_shell,
@@ -82,6 +96,14 @@ def test_rank_command_golden():
     ]  # fmt: skip
 
 
+def test_rank_command_names_the_output_dir_for_the_agent():
+    agent = AgentSettings("j1", "/run/gaudi-cluster/jobs", 10.0, None, output_dir="/out dir")
+    assert rank_command(agent, ["prog", "--output_dir=/elsewhere"], PY) == [
+        PY, "-u", "-m", "gaudi_cluster.rank.agent", *AGENT_ARGS,
+        "--output-dir", "/out dir", "--", "prog", "--output_dir=/elsewhere",
+    ]  # fmt: skip
+
+
 def test_rank_command_needs_program():
     with pytest.raises(ConfigError, match="no program"):
         rank_command(AGENT, [], PY)
@@ -109,12 +131,6 @@ def test_deepspeed_plan_without_ssh_config_or_control():
     plan = deepspeed_plan(**ds_kwargs(ssh_config_path=None, agent=unsupervised, program=["p"]))
     assert dict(plan.env) == {"DS_ENV_FILE": "/run/gaudi-cluster/jobs/j1/deepspeed_env"}
     assert plan.argv[-9:] == ("gaudi_cluster.rank.agent", *AGENT_ARGS, "--", "p")
-
-
-def test_deepspeed_plan_no_agent_uses_no_python():
-    plan = deepspeed_plan(**ds_kwargs(module_agent=False, program=["/bin/echo", "a b"]))
-    assert plan.argv[-4:] == ("--force_multi", "--no_python", "/bin/echo", "a b")
-    assert "--module" not in plan.argv
 
 
 @pytest.mark.parametrize(
@@ -330,8 +346,8 @@ def test_launch_plan_env_is_read_only():
         plan.env["B"] = "2"  # type: ignore[index]
 
 
-def test_plan_for_picks_one_launcher_class_per_name():
-    inputs = PlanInputs(
+def plan_inputs(**over) -> PlanInputs:
+    base = dict(
         hostfile=hostfile2(),
         hostfile_path="/j/hostfile",
         env={"A": "1"},
@@ -344,6 +360,12 @@ def test_plan_for_picks_one_launcher_class_per_name():
         python=PY,
         agent=AGENT,
     )
+    base.update(over)
+    return PlanInputs(**base)
+
+
+def test_plan_for_picks_one_launcher_class_per_name():
+    inputs = plan_inputs()
     assert plan_for("deepspeed", inputs).argv[:3] == (PY, "-m", "deepspeed.launcher.runner")
     assert dict(plan_for("deepspeed", inputs).env)["A"] == "1"
     assert plan_for("mpirun", inputs).argv[:2] == ("mpirun", "--allow-run-as-root")
@@ -351,3 +373,39 @@ def test_plan_for_picks_one_launcher_class_per_name():
         plan_for("torchrun", inputs)
     with pytest.raises(ConfigError, match="unknown"):
         plan_for("srun", inputs)
+
+
+def test_every_launcher_is_a_launcher_and_named_by_its_name():
+    for name, cls in LAUNCHERS.items():
+        launcher = launcher_named(name)
+        assert isinstance(launcher, cls) and isinstance(launcher, Launcher) and launcher.name == name
+        assert launcher.requires(plan_inputs(local=True, this_node=None))
+    with pytest.raises(ConfigError, match=r"unknown; fix: use one of direct, deepspeed, mpirun, torchrun"):
+        launcher_named("srun")
+
+
+def test_each_launcher_requires_the_tools_its_plan_runs():
+    multi, local = plan_inputs(this_node="10.0.0.1"), plan_inputs(local=True, this_node=None)
+    needs = {name: launcher_named(name).requires(multi) for name in LAUNCHERS}
+    tools = {name: [n.tool for n in need if isinstance(n, OnPath)] for name, need in needs.items()}
+    modules = {name: [n.module for n in need if isinstance(n, PythonModule)] for name, need in needs.items()}
+    assert tools == {"direct": [PY, "ssh"], "deepspeed": [PY, "pdsh"], "mpirun": ["mpirun"], "torchrun": [PY]}
+    assert modules == {"direct": [], "deepspeed": ["deepspeed"], "mpirun": [], "torchrun": ["torch"]}
+    assert needs["mpirun"] == (MPIRUN, OPENMPI) and OPENMPI.majors == (4, 5)
+    assert PDSH in needs["deepspeed"] and SSH in needs["direct"]
+    # One node, no ssh: neither pdsh (DeepSpeed's runner starts launch.py itself) nor ssh is needed.
+    assert PDSH not in launcher_named("deepspeed").requires(local)
+    assert SSH not in launcher_named("direct").requires(local)
+    # Every node of a direct launch on this machine (its hostfile names only this one): no ssh either.
+    one_here = plan_inputs(hostfile=Hostfile((HostEntry("10.0.0.1", 2),)), this_node="10.0.0.1")
+    assert SSH not in launcher_named("direct").requires(one_here)
+    # What a plan starts first is what its launcher requires first on PATH.
+    for name in ("direct", "deepspeed", "mpirun"):
+        first_tool = next(n.tool for n in needs[name] if isinstance(n, OnPath))
+        assert plan_for(name, multi).argv[0] == first_tool
+
+
+def test_requires_needs_no_program():
+    # The check may come before planning, where a missing program is reported on its own.
+    for name in LAUNCHERS:
+        assert launcher_named(name).requires(plan_inputs(program=()))

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from gaudi_cluster.aws import facts
 from gaudi_cluster.errors import ConfigError
+from gaudi_cluster.nodes import probe
 from gaudi_cluster.settings import profiles
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
@@ -179,9 +180,9 @@ def test_unknown_profile_and_key_are_config_errors():
 
 
 def test_image_profile_file(tmp_path):
-    assert profiles.image_profile(tmp_path / "missing") is None
+    assert probe.image_profile(tmp_path / "missing") is None
     (tmp_path / "PROFILE").write_text("dl1\n")
-    assert profiles.image_profile(tmp_path / "PROFILE") == "dl1"
+    assert probe.image_profile(tmp_path / "PROFILE") == "dl1"
 
 
 @pytest.mark.parametrize("name", sorted(RAW["profiles"]))

@@ -5,18 +5,22 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from gaudi_cluster.env.jobenv import auto_preset, collective_timeouts, job_env
+from gaudi_cluster.env.jobenv import choose_preset, collective_timeouts, job_env
 from gaudi_cluster.launch.program import (
+    DEFAULT_OUTPUT,
     DEFAULT_SCRIPT,
     default_program,
     output_dir,
     program_from_args,
     required_paths,
-    resolve_accelerator,
 )
+from gaudi_cluster.nodes.devices import resolve_accelerator
 from gaudi_cluster.settings import config as config_module
 from gaudi_cluster.settings.config import ClusterConfig, parse_bool
-from gaudi_cluster.supervise.outcome import JobOutcome, JobState, RankFailure, should_restart
+from gaudi_cluster.supervise.outcome import FailureCause, JobOutcome, JobState, RankFailure, should_restart
+from gaudi_cluster.wire.node_report import NodeReport
+
+from tests.support.reports import as_report
 
 PY = "/opt/venv/bin/python"
 
@@ -31,7 +35,7 @@ PY = "/opt/venv/bin/python"
     ],
 )
 def test_resolve_accelerator(requested, environ, report, expected):
-    assert resolve_accelerator(requested, environ, report) == expected
+    assert resolve_accelerator(requested, environ, None if report is None else as_report(report)) == expected
 
 
 def test_default_program_per_device():
@@ -51,10 +55,9 @@ def test_default_program_per_device():
         (["bash", "-c", "true"], ["bash", "-c", "true"]),
     ],
 )
-def test_program_from_args(argv, expected, monkeypatch):
-    monkeypatch.chdir("/")
-    monkeypatch.setattr("os.path.abspath", lambda p: "/w/" + p)
-    assert program_from_args(argv, PY, "cpu", {}) == expected
+def test_program_from_args(argv, expected):
+    assert program_from_args(argv, PY, "cpu", {}, "/w") == expected
+    assert program_from_args(["../x/t.py"], PY, "cpu", {}, "/w/a")[2] == "/w/x/t.py"
 
 
 def test_required_paths_are_the_cwd_script_and_absolute_program():
@@ -62,29 +65,34 @@ def test_required_paths_are_the_cwd_script_and_absolute_program():
     assert required_paths(["bash", "-c", "x"], "/w") == ["/w"]
 
 
-def test_output_dir_is_the_programs_then_the_clusters_then_the_working_dir(monkeypatch, tmp_path):
-    assert output_dir([PY, "t.py", "--output_dir", "/o"], {"GAUDI_CLUSTER_OUTPUT_DIR": "/c"}) == "/o"
-    assert output_dir([PY, "t.py", "--output_dir=/o"], {}) == "/o"
-    assert output_dir([PY, "t.py"], {"GAUDI_CLUSTER_OUTPUT_DIR": "/c"}) == "/c"
+def test_output_dir_is_the_programs_then_the_clusters_then_the_working_dir():
+    here = "/home/u/job"
+    assert (
+        output_dir([PY, "t.py", "--output_dir", "/o"], {"GAUDI_CLUSTER_OUTPUT_DIR": "/c"}, here, True) == "/o"
+    )
+    assert output_dir([PY, "t.py", "--output_dir=/o"], {}, here, True) == "/o"
+    assert output_dir([PY, "t.py"], {"GAUDI_CLUSTER_OUTPUT_DIR": "/c"}, here, True) == "/c"
     # In the image the output volume exists; on a host it does not and is never created for a report.
-    monkeypatch.setattr("gaudi_cluster.launch.program.DEFAULT_OUTPUT", str(tmp_path / "output"))
-    assert output_dir([PY, "t.py"], {}, cwd="/home/u/job") == "/home/u/job"
-    (tmp_path / "output").mkdir()
-    assert output_dir([PY, "t.py"], {}, cwd="/home/u/job") == str(tmp_path / "output")
+    assert output_dir([PY, "t.py"], {}, here, output_volume=False) == here
+    assert output_dir([PY, "t.py"], {}, here, output_volume=True) == DEFAULT_OUTPUT
+
+
+UVERBS = ("/dev/infiniband/uverbs0",)
 
 
 @pytest.mark.parametrize(
     ("accelerator", "report", "preset"),
     [
-        ("cpu", {}, "cpu"),
-        ("hpu", {"uverbs_devices": ["/dev/infiniband/uverbs0"], "efa_provider": True}, "efa"),
-        ("hpu", {"uverbs_devices": ["/dev/infiniband/uverbs0"], "efa_provider": False}, "gaudinic"),
-        ("hpu", {}, "gaudinic"),
-        ("cuda", {}, "none"),
+        ("cpu", None, "cpu"),
+        ("hpu", NodeReport("hpu", 8, uverbs_devices=UVERBS, fi_providers={"efa": True}), "efa"),
+        ("hpu", NodeReport("hpu", 8, uverbs_devices=UVERBS, fi_providers={"efa": False}), "gaudinic"),
+        ("hpu", NodeReport("hpu", 8), "gaudinic"),
+        ("hpu", None, "gaudinic"),
+        ("cuda", None, "none"),
     ],
 )
 def test_auto_preset(accelerator, report, preset):
-    assert auto_preset(accelerator, report) == preset
+    assert choose_preset("auto", accelerator, report)[0] == preset
 
 
 def test_collective_timeouts_and_job_env():
@@ -93,7 +101,7 @@ def test_collective_timeouts_and_job_env():
     env = job_env(
         preset="auto",
         accelerator="cpu",
-        master_report={},
+        master_report=None,
         environ={"HCCL_X": "1"},
         socket_ifname="eth0",
         extra={"DEEPSPEED_TIMEOUT": "9"},
@@ -107,7 +115,7 @@ def test_collective_timeouts_and_job_env():
     }
 
 
-FAILURE = RankFailure("worker-1", 2, "exited with code 3", 3)
+FAILURE = RankFailure.exited("worker-1", 2, 3)
 
 
 def test_outcomes_carry_their_state_and_code():
@@ -126,7 +134,7 @@ def test_outcomes_carry_their_state_and_code():
         (JobOutcome.failed(FAILURE, {}), 2, 1, False),
         (JobOutcome.failed(FAILURE, {}), 1, 0, False),
         # A rank that died by SIGTERM (OOM killer, a stopped worker) is a failure, not the user's stop.
-        (JobOutcome.failed(RankFailure("w", 1, "was killed by SIGTERM", 143), {}), 1, 1, True),
+        (JobOutcome.failed(RankFailure.signalled("w", 1, 15, 143), {}), 1, 1, True),
         (JobOutcome.stopped(15, {}), 1, 3, False),
         (JobOutcome.stopped(1, {}), 1, 3, False),  # SIGHUP: a stop, never a restart
         (JobOutcome.succeeded({}), 1, 3, False),
@@ -134,6 +142,57 @@ def test_outcomes_carry_their_state_and_code():
 )
 def test_restart_policy_reads_the_state(outcome, attempt, max_restarts, again):
     assert should_restart(outcome, attempt, max_restarts) is again
+
+
+@pytest.mark.parametrize(
+    ("failure", "cause", "what", "code"),
+    [
+        (RankFailure.exited("w", 1, 3), FailureCause.EXITED, "exited with code 3", 3),
+        (RankFailure.signalled("w", 1, 9, 137), FailureCause.SIGNALLED, "was killed by SIGKILL", 137),
+        (
+            RankFailure.lost("w", 1, "connection closed"),
+            FailureCause.LOST_CONTACT,
+            "lost contact: connection closed",
+            1,
+        ),
+        (
+            RankFailure.stuck("w", 1, 7, 601.2, 600),
+            FailureCause.STUCK,
+            "is stuck at step 7: no progress for 601s (GAUDI_CLUSTER_STUCK_TIMEOUT=600)",
+            1,
+        ),
+        (RankFailure.stuck("w", 1, None, 9, 5), FailureCause.STUCK, "is stuck: no progress for 9s", 1),
+        (
+            RankFailure.never_started("w (1 of 2)", 1, 2, 120),
+            FailureCause.NEVER_STARTED,
+            "ranks never checked in within 120s (1 of 2 did)",
+            1,
+        ),
+        (
+            RankFailure.launcher_ended(255, 1, 2),
+            FailureCause.LAUNCHER,
+            "launcher exited with code 255 after 1 of 2 ranks finished",
+            255,
+        ),
+        (
+            RankFailure.launcher_ended(0, 1, 2),
+            FailureCause.LAUNCHER,
+            "launcher ended but only 1 of 2 ranks reported success",
+            1,
+        ),
+        (RankFailure.launcher_ended(-9, 0, 2), FailureCause.LAUNCHER, "launcher exited with code -9", 1),
+    ],
+)
+def test_each_failure_names_its_cause_and_keeps_its_words(failure, cause, what, code):
+    assert failure.cause is cause and failure.what.startswith(what) and failure.exit_code == code
+    assert failure.lost_contact is (cause is FailureCause.LOST_CONTACT)
+
+
+def test_only_a_lost_contact_names_the_host_the_master_lost():
+    assert JobOutcome.failed(RankFailure.lost("w2", 3, "no heartbeat for 9s"), {}).lost_host == "w2"
+    assert JobOutcome.failed(FAILURE, {}).lost_host is None
+    assert JobOutcome.stopped(15, {}).lost_host is None
+    assert JobOutcome.succeeded({}).lost_host is None
 
 
 def test_every_setting_is_declared_once_with_its_metadata():

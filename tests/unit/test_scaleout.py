@@ -10,15 +10,18 @@ from gaudi_cluster.env import presets
 from gaudi_cluster.env.jobenv import UserEnvFile, choose_preset, describe, job_env
 from gaudi_cluster.errors import ConfigError
 from gaudi_cluster.nodes.checks import Finding, blocking, check_nodes
+from gaudi_cluster.wire.node_report import Interface
+
+from tests.support.reports import as_report, as_reports
 
 EFA_NODE = {"uverbs_devices": ["/dev/infiniband/uverbs0"], "efa_provider": True}
 INTERFACES = [
-    {"name": "lo", "addresses": ["127.0.0.1"]},
-    {"name": "eth0", "addresses": ["10.0.0.1"]},
-    {"name": "tunl0", "addresses": ["10.244.0.1"]},
+    Interface("lo", ("127.0.0.1",)),
+    Interface("eth0", ("10.0.0.1",)),
+    Interface("tunl0", ("10.244.0.1",)),
     # A Gaudi NIC port in L3 mode: an IPv4 address, bound to habanalabs.
-    {"name": "hl0", "addresses": ["192.168.100.1"], "driver": "habanalabs"},
-    {"name": "ib0", "addresses": [], "driver": "mlx5_core"},
+    Interface("hl0", ("192.168.100.1",), "habanalabs"),
+    Interface("ib0", (), "mlx5_core"),
 ]
 
 
@@ -35,7 +38,7 @@ INTERFACES = [
     ],
 )
 def test_the_preset_and_why(preset, accelerator, report, chosen, why):
-    got, reason = choose_preset(preset, accelerator, report)
+    got, reason = choose_preset(preset, accelerator, as_report(report))
     assert got == chosen and why in reason
 
 
@@ -46,14 +49,14 @@ def test_hostnic_is_never_guessed():
         "efa_provider": False,
         "fi_providers": {"verbs": True},
     }
-    assert choose_preset("auto", "hpu", report)[0] == "gaudinic"
+    assert choose_preset("auto", "hpu", as_report(report))[0] == "gaudinic"
 
 
 def env_for(preset="auto", report=None, environ=None, extra=None, user_files=(), ifname=None):
     return job_env(
         preset=preset,
         accelerator="hpu",
-        master_report=report or {},
+        master_report=as_report(report or {}),
         environ=environ or {},
         socket_ifname=ifname,
         extra=extra or {},
@@ -171,7 +174,9 @@ def hpu_report(**over) -> dict:
 
 
 def findings(reports: dict, env: dict | None = None, ifname: str | None = None) -> list[Finding]:
-    return check_nodes(reports, {}, dict.fromkeys(reports), ifname, env or {}, (), min_free_disk=0)
+    return check_nodes(
+        as_reports(reports), {}, dict.fromkeys(reports), ifname, env or {}, (), min_free_disk=0
+    )
 
 
 def of(found: list[Finding], check: str) -> list[Finding]:

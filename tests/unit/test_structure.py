@@ -10,6 +10,22 @@ import pytest
 APP = Path(__file__).resolve().parents[2] / "app"
 PACKAGES = ("gaudi_cluster", "train")
 MAX_LINES = 350
+MAX_TOP_MODULES = 8
+# The folders of gaudi_cluster in the order of the job's path, lowest first: a module imports its own
+# folder, the folders before it, and gaudi_cluster.errors; never a folder after it, nor a top module.
+FOLDERS = (
+    "wire",
+    "rank",
+    "env",
+    "settings",
+    "nodes",
+    "launch",
+    "view",
+    "supervise",
+    "engines",
+    "compat",
+    "aws",
+)
 # Modules that decide (parse, validate, plan, render, check) and must never reach the edges.
 PURE = {
     "gaudi_cluster.aws.diff",
@@ -18,25 +34,54 @@ PURE = {
     "gaudi_cluster.aws.request",
     "gaudi_cluster.aws.spec",
     "gaudi_cluster.aws.userdata",
-    "gaudi_cluster.nodes.checks",
     "gaudi_cluster.compat.translate",
-    "gaudi_cluster.settings.config",
-    "gaudi_cluster.view.diagnosis",
     "gaudi_cluster.engines.auto",
+    "gaudi_cluster.env.cpu_threads",
     "gaudi_cluster.env.envfile",
-    "gaudi_cluster.nodes.hostfile",
     "gaudi_cluster.env.jobenv",
-    "gaudi_cluster.view.jobview",
-    "gaudi_cluster.launch.launchers",
-    "gaudi_cluster.supervise.outcome",
-    "gaudi_cluster.launch.plan",
     "gaudi_cluster.env.presets",
-    "gaudi_cluster.settings.profiles",
+    "gaudi_cluster.launch.launchers",
+    "gaudi_cluster.launch.plan",
     "gaudi_cluster.launch.program",
-    "gaudi_cluster.settings.setting_types",
+    "gaudi_cluster.nodes.checks",
+    "gaudi_cluster.nodes.hostfile",
     "gaudi_cluster.nodes.slurm",
+    "gaudi_cluster.nodes.discovery",
+    "gaudi_cluster.nodes.find",
+    "gaudi_cluster.settings.config",
+    "gaudi_cluster.settings.profiles",
+    "gaudi_cluster.settings.setting_types",
+    "gaudi_cluster.supervise.outcome",
+    "gaudi_cluster.view.diagnosis",
+    "gaudi_cluster.view.jobview",
+    "gaudi_cluster.wire.node_report",
+    "gaudi_cluster.wire.node_spec",
+    "gaudi_cluster.wire.protocol",
 }
-EDGES = {"subprocess", "socket", "threading"}
+EDGES = {"subprocess", "socket", "threading", "shutil", "glob", "tempfile"}
+# What reaches the file system, the environment or the clock of the process, as a pure module must not:
+# its world comes in as arguments.
+IO_CALLS = {
+    ("os", "environ"),
+    ("os", "getenv"),
+    ("os", "getcwd"),
+    ("os", "listdir"),
+    ("os", "scandir"),
+    ("os", "stat"),
+    ("os", "chdir"),
+    ("os", "remove"),
+    ("os", "unlink"),
+    ("os", "makedirs"),
+    ("path", "exists"),
+    ("path", "isdir"),
+    ("path", "isfile"),
+    ("path", "abspath"),
+    ("path", "expanduser"),
+    ("path", "getsize"),
+}
+PACKAGE_DATA = {"MATRIX_PATH"}
+IO_METHODS = {"read_text", "read_bytes", "write_text", "write_bytes", "open", "mkdir", "exists", "is_dir",
+              "is_file", "iterdir", "glob", "unlink", "home", "cwd"}  # fmt: skip
 
 
 def module_files() -> dict[str, Path]:
@@ -105,6 +150,57 @@ def test_the_import_graph_is_real():
     graph = import_graph()
     assert "gaudi_cluster.env.envfile" in graph["gaudi_cluster.settings.config"]
     assert "gaudi_cluster.nodes.survey" in graph["gaudi_cluster.launch.prepare"]
+    assert "gaudi_cluster.nodes.survey" in graph["gaudi_cluster.master"]
+
+
+def folder_of(module: str) -> str | None:
+    """The folder of a gaudi_cluster module; None for the top-level modules and the package itself."""
+    parts = module.split(".")
+    return parts[1] if (parts[0] == "gaudi_cluster" and len(parts) > 2) or parts[1:2] == ["aws"] else None
+
+
+def layering_violations(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for module, imports in sorted(graph.items()):
+        folder = folder_of(module)
+        if folder is None:
+            continue
+        rank = FOLDERS.index(folder)
+        for target in sorted(imports):
+            other = folder_of(target)
+            if target.split(".")[0] != "gaudi_cluster" or (
+                target == "gaudi_cluster.errors" and folder != "wire"
+            ):
+                continue
+            if other is None or FOLDERS.index(other) > rank or (folder == "wire" and other != "wire"):
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def test_the_layering_check_finds_an_upward_import():
+    graph = {
+        "gaudi_cluster.wire.protocol": {"gaudi_cluster.errors"},
+        "gaudi_cluster.nodes.ssh": {"gaudi_cluster.master"},
+    }
+    assert layering_violations(graph) == [
+        "gaudi_cluster.nodes.ssh -> gaudi_cluster.master",
+        "gaudi_cluster.wire.protocol -> gaudi_cluster.errors",
+    ]
+    assert layering_violations({"gaudi_cluster.launch.plan": {"gaudi_cluster.nodes.hostfile"}}) == []
+    assert layering_violations({"gaudi_cluster.nodes.survey": {"gaudi_cluster.launch.program"}}) == [
+        "gaudi_cluster.nodes.survey -> gaudi_cluster.launch.program"
+    ]
+
+
+def test_no_folder_imports_one_that_stands_above_it():
+    assert layering_violations(import_graph()) == []
+
+
+def test_the_top_of_the_package_holds_only_the_modules_a_reader_starts_from():
+    top = sorted(p.name for p in (APP / "gaudi_cluster").glob("*.py"))
+    assert len(top) <= MAX_TOP_MODULES, top
+    folders = {p.name for p in (APP / "gaudi_cluster").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders == set(FOLDERS)
 
 
 def test_no_import_cycle_in_the_shipped_packages():
@@ -122,12 +218,56 @@ def test_pure_modules_never_import_an_edge(name):
                 reached.add(nxt)
                 todo.append(nxt)
     # `train` (the package's __init__) holds the default job's constants only.
-    allowed = PURE | {"gaudi_cluster.errors", "gaudi_cluster", "gaudi_cluster.aws", "train"}
+    allowed = PURE | {"gaudi_cluster.errors", "gaudi_cluster", "train"}
+    allowed |= {f"gaudi_cluster.{folder}" for folder in FOLDERS}  # the folders' docstring-only __init__
     assert not reached - allowed, reached - allowed
     source = ast.parse(module_files()[name].read_text())
     stdlib = {alias.name for node in ast.walk(source) if isinstance(node, ast.Import) for alias in node.names}
     stdlib |= {node.module for node in ast.walk(source) if isinstance(node, ast.ImportFrom) and node.module}
     assert not stdlib & EDGES
+
+
+def io_uses(source: ast.AST) -> list[str]:
+    """Every reach of a module into the file system or the environment, as `owner.attr at line N`."""
+    found = []
+    for node in ast.walk(source):
+        if isinstance(node, ast.Attribute):
+            owner = (
+                node.value.attr if isinstance(node.value, ast.Attribute) else getattr(node.value, "id", "")
+            )
+            if (owner, node.attr) in IO_CALLS:
+                found.append(f"{owner}.{node.attr} at line {node.lineno}")
+        elif isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Name) and func.id == "open":
+                found.append(f"open() at line {node.lineno}")
+            elif (
+                isinstance(func, ast.Attribute) and func.attr in IO_METHODS and not _package_data(func.value)
+            ):
+                found.append(f".{func.attr}() at line {node.lineno}")
+    return sorted(found, key=lambda text: int(text.rsplit(" ", 1)[1]))
+
+
+def _package_data(receiver: ast.expr) -> bool:
+    """Reading the package's own data file (profiles.json, next to its module) reads code, not the world."""
+    return isinstance(receiver, ast.Name) and receiver.id in PACKAGE_DATA
+
+
+def test_the_io_check_finds_file_and_environment_access():
+    code = (
+        "import os\nx = os.environ['A']\nPath('f').read_text()\nopen('g')\nos.path.isdir('/')\ny = spec.cwd\n"
+    )
+    assert io_uses(ast.parse(code)) == [
+        "os.environ at line 2",
+        ".read_text() at line 3",
+        "open() at line 4",
+        "path.isdir at line 5",
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(PURE))
+def test_pure_modules_touch_no_file_and_no_environment(name):
+    assert io_uses(ast.parse(module_files()[name].read_text())) == []
 
 
 @pytest.mark.parametrize("name", sorted(module_files()))

@@ -19,8 +19,9 @@ from pathlib import Path
 import psutil
 from gaudi_cluster.launch.plan import LaunchPlan
 from gaudi_cluster.rank import jobdir
-from gaudi_cluster.supervise.control import ControlServer
-from gaudi_cluster.supervise.supervisor import Supervisor, SupervisorSettings
+from gaudi_cluster.supervise.control import ControlServer, EventKind
+from gaudi_cluster.supervise.outcome import FailureCause, JobState
+from gaudi_cluster.supervise.supervisor import Supervisor, SupervisorPhase, SupervisorSettings
 from gaudi_cluster.wire import protocol
 
 from tests.support.ports import free_port
@@ -93,6 +94,7 @@ def test_first_failure_stops_the_other_ranks_and_is_named(tmp_path):
     assert outcome.exit_code == 3
     assert outcome.failure is not None
     assert (outcome.failure.host, outcome.failure.rank) == (HOST, 1)
+    assert outcome.failure.cause is FailureCause.EXITED and outcome.lost_host is None
     summary = [line for line in out.splitlines() if line.startswith("gaudi-cluster: job")]
     assert len(summary) == 1 and "rank 1 exited with code 3" in summary[0] and "about to fail" in summary[0]
     assert elapsed < 15
@@ -102,13 +104,38 @@ def test_first_failure_stops_the_other_ranks_and_is_named(tmp_path):
 def test_signal_death_is_never_exit_zero(tmp_path):
     outcome, _, _, _ = supervise(tmp_path, ["sleep 30", "kill -9 $$"])
     assert outcome.failure is not None and "SIGKILL" in outcome.failure.what
+    assert (outcome.failure.cause, outcome.failure.signum) == (FailureCause.SIGNALLED, signal.SIGKILL)
     assert outcome.exit_code == 137
 
 
 def test_stuck_rank_is_reported(tmp_path):
     outcome, _, elapsed, _ = supervise(tmp_path, ["echo start; sleep 60", "echo start; sleep 60"], stuck=2)
     assert outcome.failure is not None and "stuck" in outcome.failure.what
+    assert outcome.failure.cause is FailureCause.STUCK
     assert elapsed < 15
+
+
+def test_a_vanished_agent_is_a_lost_contact_with_its_host(tmp_path):
+    # The rank kills its own agent: the connection closes with no exit report, as when a node dies.
+    outcome, out, elapsed, _ = supervise(tmp_path, ["sleep 30", "kill -9 $PPID; sleep 1"])
+    assert outcome.failure is not None and outcome.failure.cause is FailureCause.LOST_CONTACT
+    assert (outcome.failure.rank, outcome.lost_host) == (1, HOST)
+    assert f"host {HOST} rank 1 lost contact: connection closed" in out
+    assert elapsed < 15
+
+
+def test_the_supervisor_phase_is_what_status_shows():
+    server = ControlServer("127.0.0.1", free_port(), "j", 5, protocol.new_token(), {})
+    try:
+        supervisor = Supervisor(
+            "j", LaunchPlan(argv=("true",)), server, {}, SupervisorSettings(), io.StringIO()
+        )
+        assert supervisor.state is SupervisorPhase.STARTING
+        assert supervisor.snapshot()["state"] == "starting"
+    finally:
+        server.close()
+    # An attempt's last phase is named as its outcome; a failure is "aborting" while ranks are killed.
+    assert [SupervisorPhase.ended(state).value for state in JobState] == [state.value for state in JobState]
 
 
 def test_sigterm_to_master_stops_job_with_143(tmp_path):
@@ -168,7 +195,7 @@ def test_rank_dies_with_its_master(tmp_path):
         stdout=subprocess.DEVNULL,
     )
     event = server.events.get(timeout=10)
-    assert event.kind == "hello"
+    assert event.kind is EventKind.HELLO
     closed_at = time.monotonic()
     server.close()
     assert agent.wait(timeout=10) != 0

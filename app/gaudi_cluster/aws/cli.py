@@ -20,7 +20,7 @@ from gaudi_cluster.aws import ec2, facts, keys, render
 from gaudi_cluster.aws import request as inputs
 from gaudi_cluster.aws.facts import TAG_CLUSTER
 from gaudi_cluster.aws.up import INTERRUPTED, RUN_NODE, request_from, resolve, run_up
-from gaudi_cluster.errors import ConfigError, GaudiClusterError
+from gaudi_cluster.errors import ConfigError, GaudiClusterError, error_line, exit_code_for
 
 log = logging.getLogger("gaudi_cluster.aws")
 
@@ -231,8 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as done:  # --help
         return done.code if isinstance(done.code, int) else 0
     except GaudiClusterError as error:
-        print(f"gaudi-cluster: error: {error}", file=sys.stderr)
-        return error.exit_code
+        print(error_line(error), file=sys.stderr)
+        return exit_code_for(error)
     except KeyboardInterrupt:
         print(
             "gaudi-cluster: interrupted; fix: run the same command again (up and down both converge)",

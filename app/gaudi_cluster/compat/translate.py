@@ -17,7 +17,7 @@ from typing import NoReturn
 
 from gaudi_cluster.errors import ConfigError
 from gaudi_cluster.launch.plan import LaunchOptions
-from gaudi_cluster.nodes.hostfile import Hostfile, active_resources, read_hostfile
+from gaudi_cluster.nodes.hostfile import Hostfile, active_resources
 from gaudi_cluster.settings.config import ClusterConfig
 
 DEFAULT_MASTER_PORT = 29500
@@ -87,27 +87,41 @@ def _check_deepspeed_flags(req: SpawnRequest) -> None:
         raise SpawnConfigError(f"--ssh_port {req.ssh_port} is not a TCP port; fix: use 1-65535")
 
 
-def validate_spawn_request(
-    req: SpawnRequest,
-    *,
-    exists: Callable[[str], bool] = os.path.exists,
-    load_hostfile: Callable[[str], Hostfile] = read_hostfile,
-) -> SpawnRequest:
-    """The request with world_size taken from the hostfile when one is given; ConfigError otherwise."""
-    if req.use_mpi and req.use_deepspeed:
-        raise SpawnConfigError("--use_mpi and --use_deepspeed were both given; fix: choose one launcher")
-    if req.hostfile is not None and not req.use_deepspeed:
+def check_launcher_choice(
+    use_mpi: bool, use_deepspeed: bool, hostfile: str | os.PathLike[str] | None, *, as_arguments: bool = False
+) -> None:
+    """One launcher at most, and DeepSpeed for a hostfile. Checked for gaudi_spawn.py's flags and,
+    as soon as it is built, for DistributedRunner (`as_arguments`: the names are its keywords)."""
+
+    def name(option: str) -> str:
+        return option if as_arguments else f"--{option}"
+
+    if use_mpi and use_deepspeed:
+        verb = "set" if as_arguments else "given"
         raise SpawnConfigError(
-            f"--hostfile {req.hostfile} needs --use_deepspeed (multi-node runs go through DeepSpeed); "
-            "fix: add --use_deepspeed"
+            f"{name('use_mpi')} and {name('use_deepspeed')} were both {verb}; fix: choose one launcher"
         )
+    if hostfile is not None and not use_deepspeed:
+        deepspeed, fix = ("use_deepspeed=True", "pass") if as_arguments else ("--use_deepspeed", "add")
+        raise SpawnConfigError(
+            f"{name('hostfile')} {hostfile} needs {deepspeed} (multi-node runs go through DeepSpeed); "
+            f"fix: {fix} {deepspeed}"
+        )
+
+
+def validate_spawn_request(
+    req: SpawnRequest, *, exists: Callable[[str], bool], load_hostfile: Callable[[str], Hostfile], cwd: str
+) -> SpawnRequest:
+    """The request with world_size taken from the hostfile when one is given; ConfigError otherwise.
+    The node's files come in as `exists`, `load_hostfile` and `cwd` (spawn passes the real ones)."""
+    check_launcher_choice(req.use_mpi, req.use_deepspeed, req.hostfile)
     if not 1 <= req.master_port <= 65535:
         raise SpawnConfigError(f"--master_port {req.master_port} is not a TCP port; fix: use 1024-65535")
     if not req.script:
         raise SpawnConfigError("no training script was given; fix: put the script path after the options")
     if not req.script.startswith("-") and not exists(req.script):
         raise SpawnConfigError(
-            f"training script '{req.script}' does not exist (cwd {os.getcwd()}); fix: pass an existing path"
+            f"training script '{req.script}' does not exist (cwd {cwd}); fix: pass an existing path"
         )
     _check_deepspeed_flags(req)
     if req.hostfile is not None:
@@ -227,8 +241,9 @@ def parse_gaudi_spawn_args(
     argv: Sequence[str],
     *,
     prog: str = "gaudi_spawn.py",
-    exists: Callable[[str], bool] = os.path.exists,
-    load_hostfile: Callable[[str], Hostfile] = read_hostfile,
+    exists: Callable[[str], bool],
+    load_hostfile: Callable[[str], Hostfile],
+    cwd: str,
 ) -> SpawnInvocation:
     ns = spawn_parser(prog).parse_args(list(argv))
     req = SpawnRequest(
@@ -250,7 +265,7 @@ def parse_gaudi_spawn_args(
         bind_cores_to_rank=ns.bind_cores_to_rank,
         bind_core_list=ns.bind_core_list,
     )
-    request = validate_spawn_request(req, exists=exists, load_hostfile=load_hostfile)
+    request = validate_spawn_request(req, exists=exists, load_hostfile=load_hostfile, cwd=cwd)
     return SpawnInvocation(request, ns.dry_run, ns.verbose)
 
 

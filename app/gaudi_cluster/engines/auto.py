@@ -44,11 +44,6 @@ class AutoRole:
     reason: str  # the variable that decided, for the log
     master_host: str | None = None  # a Slurm worker's master (the host it follows)
 
-    @property
-    def follows_master(self) -> bool:
-        """Whether the worker must end by itself: Kubernetes ends its pods, Slurm waits for them."""
-        return self.role == WORKER and self.engine == SLURM
-
 
 def _index(name: str, value: str) -> int:
     if re.fullmatch(r"[0-9]+", value.strip()) is None:

@@ -29,13 +29,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from gaudi_cluster.engines import auto as engine
-from gaudi_cluster.errors import GaudiClusterError
+from gaudi_cluster.errors import GaudiClusterError, error_line, exit_code_for
 from gaudi_cluster.nodes import slurm, ssh
+from gaudi_cluster.rank import procgroup
 from gaudi_cluster.settings.config import ClusterConfig, resolve_config
+from gaudi_cluster.wire import node_spec
 
 TICK_S = 0.5
 KNOCK_INTERVAL_S = 2.0
-AGENT_MODULE = b"gaudi_cluster.rank.agent"
+AGENT_MODULE = node_spec.AGENT_MODULE.encode()  # /proc/PID/cmdline is bytes
 # A master that starts later than its workers (an image still being pulled on its node) still has
 # its whole --wait-timeout ahead of it; give it that much and this margin.
 STARTUP_MARGIN_S = 120.0
@@ -73,14 +75,9 @@ def knock(host: str, port: int, timeout_s: float = 2.0) -> bool:
 
 
 def _stop(process: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
-    if process.poll() is not None:
-        return
-    process.terminate()
-    try:
-        process.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    # sshd runs in this watcher's own process group, so only its pid is signalled, never the group.
+    procgroup.terminate(process.pid, grace_s, done=lambda: process.poll() is not None, group=False)
+    process.wait()
 
 
 def follow(master: str, sshd_argv: Sequence[str], config: ClusterConfig, key: str) -> int:
@@ -220,8 +217,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.flush()
         os._exit(code)
     except GaudiClusterError as error:
-        print(f"gaudi-cluster: error: {error}", file=sys.stderr)
-        return error.exit_code
+        print(error_line(error), file=sys.stderr)
+        return exit_code_for(error)
 
 
 if __name__ == "__main__":

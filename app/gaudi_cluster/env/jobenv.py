@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
 
 from gaudi_cluster.env.envfile import (
     LAUNCHER_OWNED,
@@ -32,16 +31,12 @@ from gaudi_cluster.env.envfile import (
 )
 from gaudi_cluster.env.presets import PRESETS
 from gaudi_cluster.errors import ConfigError
+from gaudi_cluster.wire.node_report import NodeReport
 
 DEFAULT_ENV_FILE_NAME = ".deepspeed_env"
 
 
-def auto_preset(accelerator: str, master_report: Mapping[str, Any]) -> str:
-    """The preset for `--env-preset auto`, from the device kind and what the master's probe saw."""
-    return choose_preset("auto", accelerator, master_report)[0]
-
-
-def choose_preset(preset: str, accelerator: str, master_report: Mapping[str, Any]) -> tuple[str, str]:
+def choose_preset(preset: str, accelerator: str, master_report: NodeReport | None) -> tuple[str, str]:
     """(the preset the job gets, why): `auto` follows the device kind and the master's probe. EFA (AWS
     DL1) shows up as uverbs devices plus libfabric's efa provider; other HPU nodes scale out over their
     Gaudi NICs. Host NICs (hostnic) are never guessed: they need a verbs-capable libfabric, so are asked
@@ -52,7 +47,8 @@ def choose_preset(preset: str, accelerator: str, master_report: Mapping[str, Any
         return "cpu", "auto: cpu ranks"
     if accelerator != "hpu":
         return "none", f"auto: {accelerator} ranks"
-    uverbs, efa = master_report.get("uverbs_devices"), master_report.get("efa_provider")
+    uverbs = master_report.uverbs_devices if master_report else ()
+    efa = master_report.efa_provider if master_report else None
     if uverbs and efa:
         return "efa", "auto: EFA uverbs devices and libfabric's efa provider on the master"
     if not uverbs:
@@ -166,17 +162,20 @@ def job_env(
     *,
     preset: str,
     accelerator: str,
-    master_report: Mapping[str, Any],
+    master_report: NodeReport | None,
     environ: Mapping[str, str],
     socket_ifname: str | None,
     extra: Mapping[str, str],
     user_files: Sequence[UserEnvFile] = (),
     env_pass: Sequence[str] = (),
+    private: Mapping[str, str] | None = None,
 ) -> EnvFile:
+    """`private`: what private_values() gave for the same files and names (the caller staged it on
+    every node before the survey; computed here when not given)."""
     chosen, why = choose_preset(preset, accelerator, master_report)
     # build_env_file validates the extras; they are applied again below, above the user's files.
     base = build_env_file(environ, chosen, {**collective_timeouts(accelerator), **extra}, socket_ifname)
-    private = private_values(user_files, env_pass, environ)
+    private = dict(private_values(user_files, env_pass, environ) if private is None else private)
     public = base.as_dict()
     from_user: dict[str, None] = {}
     overridden: dict[str, None] = {}
@@ -222,63 +221,6 @@ def job_env(
         preset=chosen,
         preset_reason=why,
     )
-
-
-@dataclass(frozen=True)
-class CpuThreads:
-    """OMP_NUM_THREADS for CPU ranks that share a server's cores, and why."""
-
-    threads: int
-    ranks: int
-    cpus: int
-    nodes: tuple[str, ...]
-
-    def line(self) -> str:
-        where = (
-            f"one server: nodes {', '.join(self.nodes)} report the same kernel boot id"
-            if len(self.nodes) > 1
-            else f"node {self.nodes[0]}"
-        )
-        return (
-            f"OMP_NUM_THREADS={self.threads} for every rank: {self.ranks} ranks share {self.cpus} CPUs "
-            f"({where}); --env OMP_NUM_THREADS=N chooses another count"
-        )
-
-
-def cpu_threads_per_rank(
-    ranks_by_host: Mapping[str, int], reports: Mapping[str, Mapping[str, Any]]
-) -> CpuThreads | None:
-    """Threads per CPU rank so that the ranks of one server do not oversubscribe its cores.
-
-    torch gives every process a thread per core: N ranks on one server run N x cores threads, which
-    spin against each other in every collective (3 ranks on 2 cores trained 4x slower than with one
-    thread each). Nodes that report the same boot id are containers of one server. The tightest
-    server sets the count for all (one env file for every node); None when no server has more ranks
-    than one, or a node did not say how many CPUs it has.
-    """
-    servers: dict[str, list[str]] = {}
-    for host in ranks_by_host:
-        report = reports.get(host, {})
-        servers.setdefault(str(report.get("boot_id") or f"host:{host}"), []).append(host)
-    tightest: CpuThreads | None = None
-    for hosts in servers.values():
-        ranks = sum(ranks_by_host[host] for host in hosts)
-        counts = [reports.get(host, {}).get("cpus") for host in hosts]
-        if ranks < 2 or not all(isinstance(c, int) and c > 0 for c in counts):
-            continue
-        cpus = min(counts)
-        found = CpuThreads(max(1, cpus // ranks), ranks, cpus, tuple(hosts))
-        if tightest is None or found.threads < tightest.threads:
-            tightest = found
-    return tightest
-
-
-def with_cpu_threads(env: EnvFile, threads: CpuThreads | None) -> EnvFile:
-    """env with OMP_NUM_THREADS set for oversubscribed CPU ranks, unless someone already chose it."""
-    chosen = env.as_dict()
-    if threads is None or "OMP_NUM_THREADS" in chosen or "OMP_NUM_THREADS" in dict(env.private):
-        return env
-    return replace(env, items=tuple(sorted({**chosen, "OMP_NUM_THREADS": str(threads.threads)}.items())))
 
 
 def describe(env: EnvFile, user_files: Sequence[UserEnvFile]) -> list[str]:

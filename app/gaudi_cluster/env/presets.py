@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+
+from gaudi_cluster.wire.node_report import HABANA_DRIVER, Interface
 
 DEFAULT_LIBFABRIC_ROOT = "/opt/amazon/efa"
 OFI_WRAPPER_DIR = "/usr/lib/habanalabs"
-HABANA_DRIVER = "habanalabs"
 
 
 def _prepend_paths(first: Sequence[str], existing: str | None) -> str:
@@ -127,7 +127,7 @@ def default_socket_ifname(ifnames: Sequence[str]) -> str | None:
     return None
 
 
-def route_ifname(route_json: str, address: str, interfaces: Sequence[Mapping[str, Any]]) -> str | None:
+def route_ifname(route_json: str, address: str, interfaces: Sequence[Interface]) -> str | None:
     """The interface of `ip -j route get ADDRESS`; for an address of this host (routed through lo),
     the interface that holds it, which is the one the other nodes reach it on."""
     try:
@@ -138,20 +138,20 @@ def route_ifname(route_json: str, address: str, interfaces: Sequence[Mapping[str
     if dev is None or not dev.startswith("lo"):
         return dev
     for interface in interfaces:
-        if address in interface.get("addresses", []) and not str(interface.get("name", "")).startswith("lo"):
-            return str(interface["name"])
+        if address in interface.addresses and not interface.name.startswith("lo"):
+            return interface.name
     return None
 
 
-def hccl_socket_ifname(route_dev: str | None, interfaces: Sequence[Mapping[str, Any]]) -> str | None:
+def hccl_socket_ifname(route_dev: str | None, interfaces: Sequence[Interface]) -> str | None:
     """HCCL_SOCKET_IFNAME when none is given: the interface that routes to the master, unless it is
     loopback, has no IPv4 address, or is a Gaudi NIC (bound to habanalabs, whose L3 mode gives it an
     IPv4 address). None leaves HCCL its own choice."""
     if not route_dev or route_dev.startswith("lo"):
         return None
     for interface in interfaces:
-        if interface.get("name") == route_dev:
-            if interface.get("driver") == HABANA_DRIVER or not interface.get("addresses"):
+        if interface.name == route_dev:
+            if interface.driver == HABANA_DRIVER or not interface.addresses:
                 return None
             return route_dev
     return None

@@ -9,37 +9,34 @@ the supervisor stops it, and with it the whole process group, on teardown.
 
 from __future__ import annotations
 
-import json
 import shlex
 import subprocess
 import sys
-from collections.abc import Mapping
-from typing import Any
 
-NODE_MODULE = "gaudi_cluster.launch.node"
+from gaudi_cluster.wire.node_spec import NODE_MODULE, FanoutSpec, NodeEntry, NodeSpecError
 
 
-def node_command(node: Mapping[str, Any], launch: Mapping[str, Any]) -> list[str]:
-    local = [str(launch["python"]), "-u", "-m", NODE_MODULE]
-    if node["here"]:
+def node_command(node: NodeEntry, launch: FanoutSpec) -> list[str]:
+    local = [launch.python, "-u", "-m", NODE_MODULE]
+    if node.here:
         return local
     # -T: no terminal; the node process's exit closes the session.
-    return ["ssh", "-T", "-F", str(launch["ssh_config"]), str(node["host"]), shlex.join(local)]
+    return ["ssh", "-T", "-F", launch.ssh_config, node.host, shlex.join(local)]
 
 
 def main() -> int:
     try:
-        launch = json.loads(sys.stdin.read())
-        nodes = launch["nodes"]
-        commands = [node_command(node, launch) for node in nodes]
-    except (ValueError, KeyError, TypeError) as error:
+        launch = FanoutSpec.from_json(sys.stdin.read())
+    except NodeSpecError as error:
         print(f"gaudi-cluster[fanout]: error: bad launch on stdin ({error}); fix: let the master start it")
         return 2
     started = []
-    for node, command in zip(nodes, commands, strict=True):
-        process = subprocess.Popen(command, stdin=subprocess.PIPE, stderr=subprocess.STDOUT)
+    for node in launch.nodes:
+        process = subprocess.Popen(
+            node_command(node, launch), stdin=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
         assert process.stdin is not None
-        process.stdin.write(json.dumps(node["spec"]).encode())
+        process.stdin.write(node.spec.to_json().encode())
         process.stdin.close()
         started.append(process)
     codes = [process.wait() for process in started]

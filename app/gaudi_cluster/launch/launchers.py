@@ -1,26 +1,62 @@
-"""The launchers: one small class per name whose `plan()` returns the command without running it,
-as in DeepSpeed's multinode_runner.py; `plan_for` picks the class from the launcher's name. Pure.
+"""The launchers: one small class per name that says what it needs on this machine (`requires()`)
+and returns the command without running it (`plan()`), as DeepSpeed's multinode_runner.py has
+`backend_exists()` and `get_cmd()`; `launcher_named` picks the class from the launcher's name. Pure:
+`launch.tools` checks the requirements against the machine.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
+from typing import Protocol, runtime_checkable
 
 from gaudi_cluster.errors import ConfigError
 from gaudi_cluster.launch.plan import (
-    AGENT_MODULE,
     AgentSettings,
     LaunchPlan,
+    OnPath,
+    OpenMpiMajor,
     PlanInputs,
+    PythonModule,
+    Requirement,
     no_space,
     quote_for_pdsh,
     rank_command,
 )
 from gaudi_cluster.nodes.hostfile import Hostfile, render_mpi_hosts
+from gaudi_cluster.wire.node_spec import AGENT_MODULE, FANOUT_MODULE, FanoutSpec, NodeEntry, NodeSpec
+
+_OTHERWISE = "or choose another launcher"
+SSH = OnPath("ssh", f"install it (apt-get install openssh-client) {_OTHERWISE}")
+PDSH = OnPath("pdsh", f"install it (apt-get install pdsh) {_OTHERWISE}")
+MPIRUN = OnPath("mpirun", f"install it (OpenMPI: apt-get install openmpi-bin) {_OTHERWISE}")
+# ORTE and PRRTE: the two dialects of launch flags mpirun_plan speaks.
+OPENMPI = OpenMpiMajor((4, 5), f"put an Open MPI 4 or 5 mpirun first on PATH {_OTHERWISE}")
+DEEPSPEED = PythonModule("deepspeed", f"install DeepSpeed in this Python environment {_OTHERWISE}")
+TORCH = PythonModule("torch", f"install PyTorch in this Python environment {_OTHERWISE}")
+
+
+@runtime_checkable
+class Launcher(Protocol):
+    """A launch backend: what it needs of this machine, and the command it would run (pure)."""
+
+    name: str
+
+    def requires(self, inputs: PlanInputs) -> tuple[Requirement, ...]:
+        """What this machine must have for the plan to run, in the order to check it."""
+        ...
+
+    def plan(self, inputs: PlanInputs) -> LaunchPlan: ...
+
+
+def _python(inputs: PlanInputs) -> OnPath:
+    return OnPath(inputs.python, "run gaudi-cluster from the Python environment it is installed in")
+
+
+def _is_here(inputs: PlanInputs, host: str) -> bool:
+    return inputs.local or host == inputs.this_node
 
 
 def deepspeed_plan(
@@ -34,7 +70,6 @@ def deepspeed_plan(
     python: str = sys.executable,
     ssh_config_path: str | None = None,
     agent: AgentSettings,
-    module_agent: bool = True,
     runner_args: Sequence[str] = (),
     local: bool = False,
 ) -> LaunchPlan:
@@ -74,19 +109,11 @@ def deepspeed_plan(
         "--no_local_rank",
         "--force_multi",
         *runner_args,
+        "--module",
     ]
-    if module_agent:
-        user_script, user_args = AGENT_MODULE, agent.args(program)
-        argv.append("--module")
-    else:
-        if not program:
-            raise ConfigError(
-                "the job has no program to run; fix: give the training command after the options"
-            )
-        user_script, user_args = program[0], list(program[1:])
-        argv.append("--no_python")
-    # The runner never re-quotes the script itself, so it only needs the shell and pdsh layers.
-    argv += [shlex.quote(user_script).replace("%", "%%"), *(quote_for_pdsh(a) for a in user_args)]
+    # The runner never re-quotes the script (a plain module name here); each argument crosses the runner's
+    # quoting, pdsh and the remote shell.
+    argv += [AGENT_MODULE, *(quote_for_pdsh(a) for a in agent.args(program))]
     env = {"DS_ENV_FILE": env_file_path}
     if ssh_config_path:
         # pdsh splits this variable on whitespace, so the path must not contain any.
@@ -113,7 +140,7 @@ def mpirun_plan(
 ) -> LaunchPlan:
     """OpenMPI 4 (ORTE, --mca plm_rsh_args) or 5 (PRRTE, --prtemca plm_ssh_args); a `local` plan
     starts every rank on this node and never uses ssh."""
-    if openmpi_major not in (4, 5):
+    if openmpi_major not in OPENMPI.majors:
         raise ConfigError(f"OpenMPI {openmpi_major} is not supported; fix: use OpenMPI 4 or 5 in the image")
     argv = ["mpirun", "--allow-run-as-root"]
     if mpi_root:
@@ -176,6 +203,10 @@ def torchrun_plan(
 class DeepSpeedLauncher:
     name = "deepspeed"
 
+    def requires(self, inputs: PlanInputs) -> tuple[Requirement, ...]:
+        # The runner's one-node path starts launch.py itself: no pdsh.
+        return (_python(inputs), DEEPSPEED) if inputs.local else (_python(inputs), DEEPSPEED, PDSH)
+
     def plan(self, inputs: PlanInputs) -> LaunchPlan:
         base = deepspeed_plan(
             hostfile_path=inputs.hostfile_path,
@@ -202,6 +233,9 @@ def _runner_args(inputs: PlanInputs) -> list[str]:
 class MpirunLauncher:
     name = "mpirun"
 
+    def requires(self, inputs: PlanInputs) -> tuple[Requirement, ...]:
+        return (MPIRUN, OPENMPI)  # a local run too: mpirun starts the ranks here
+
     def plan(self, inputs: PlanInputs) -> LaunchPlan:
         return mpirun_plan(
             hostfile=inputs.hostfile,
@@ -223,6 +257,9 @@ class MpirunLauncher:
 
 class TorchrunLauncher:
     name = "torchrun"
+
+    def requires(self, inputs: PlanInputs) -> tuple[Requirement, ...]:
+        return (_python(inputs), TORCH)
 
     def plan(self, inputs: PlanInputs) -> LaunchPlan:
         if len(inputs.hostfile.entries) > 1:
@@ -247,41 +284,55 @@ class DirectLauncher:
 
     name = "direct"
 
+    def requires(self, inputs: PlanInputs) -> tuple[Requirement, ...]:
+        if all(_is_here(inputs, entry.host) for entry in inputs.hostfile.entries):
+            return (_python(inputs),)
+        return (_python(inputs), SSH)
+
+    def nodes(self, inputs: PlanInputs) -> tuple[NodeEntry, ...]:
+        entries, first = [], 0
+        agent_args = tuple(inputs.agent.args(inputs.program))
+        for index, entry in enumerate(inputs.hostfile.entries):
+            spec = NodeSpec(
+                node_rank=index,
+                nnodes=len(inputs.hostfile.entries),
+                first_rank=first,
+                slots=tuple(range(entry.slots)),
+                world_size=inputs.hostfile.world_size,
+                master_addr=inputs.master_addr,
+                master_port=inputs.master_port,
+                cwd=inputs.cwd,
+                env=inputs.env,
+                python=inputs.python,
+                agent_args=agent_args,
+            )
+            entries.append(NodeEntry(entry.host, _is_here(inputs, entry.host), spec))
+            first += entry.slots
+        return tuple(entries)
+
     def plan(self, inputs: PlanInputs) -> LaunchPlan:
         if inputs.runner_args or inputs.launcher_args:
             raise ConfigError(
                 "DeepSpeed runner flags (--include, --exclude, --launcher_args, --bind_cores_to_rank) need "
                 "DeepSpeed's launcher; fix: --launcher deepspeed"
             )
-        nodes, first = [], 0
-        for index, entry in enumerate(inputs.hostfile.entries):
-            spec = {
-                "node_rank": index,
-                "nnodes": len(inputs.hostfile.entries),
-                "first_rank": first,
-                "slots": list(range(entry.slots)),
-                "world_size": inputs.hostfile.world_size,
-                "master_addr": inputs.master_addr,
-                "master_port": inputs.master_port,
-                "cwd": inputs.cwd,
-                "env": dict(inputs.env),
-                "python": inputs.python,
-                "agent_args": inputs.agent.args(inputs.program),
-            }
-            here = inputs.local or entry.host == inputs.this_node
-            nodes.append({"host": entry.host, "here": here, "spec": spec})
-            first += entry.slots
         # A dry run writes no ssh config: the spec shows where it would be.
         ssh_config = inputs.ssh_config_path or "(the job's ssh config)"
-        launch = {"python": inputs.python, "ssh_config": ssh_config, "nodes": nodes}
-        argv = (inputs.python, "-u", "-m", "gaudi_cluster.launch.fanout")
-        return LaunchPlan(argv, {}, self.name, stdin=json.dumps(launch, indent=1))
+        launch = FanoutSpec(python=inputs.python, ssh_config=ssh_config, nodes=self.nodes(inputs))
+        argv = (inputs.python, "-u", "-m", FANOUT_MODULE)
+        return LaunchPlan(argv, {}, self.name, stdin=launch.to_json())
 
 
-LAUNCHERS = {cls.name: cls for cls in (DirectLauncher, DeepSpeedLauncher, MpirunLauncher, TorchrunLauncher)}
+LAUNCHERS: Mapping[str, type[Launcher]] = {
+    cls.name: cls for cls in (DirectLauncher, DeepSpeedLauncher, MpirunLauncher, TorchrunLauncher)
+}
+
+
+def launcher_named(launcher: str) -> Launcher:
+    if launcher not in LAUNCHERS:
+        raise ConfigError(f"launcher '{launcher}' is unknown; fix: use one of {', '.join(LAUNCHERS)}")
+    return LAUNCHERS[launcher]()
 
 
 def plan_for(launcher: str, inputs: PlanInputs) -> LaunchPlan:
-    if launcher not in LAUNCHERS:
-        raise ConfigError(f"launcher '{launcher}' is unknown; fix: use one of {', '.join(LAUNCHERS)}")
-    return LAUNCHERS[launcher]().plan(inputs)
+    return launcher_named(launcher).plan(inputs)

@@ -11,56 +11,52 @@ with the first failing agent's code; SIGTERM/SIGINT/SIGHUP reach every agent.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping
 
-AGENT_MODULE = "gaudi_cluster.rank.agent"
+from gaudi_cluster.wire.node_spec import AGENT_MODULE, NodeSpec, NodeSpecError
 
 
-def rank_environments(spec: Mapping[str, Any], base: Mapping[str, str]) -> list[dict[str, str]]:
+def rank_environments(spec: NodeSpec, base: Mapping[str, str]) -> list[dict[str, str]]:
     """One environment per local rank (pure: `base` is this node's own environment)."""
-    slots: Sequence[int] = spec["slots"]
-    cwd = str(spec["cwd"])
-    python_path = ":".join(part for part in (cwd, base.get("PYTHONPATH", "")) if part)
+    python_path = ":".join(part for part in (spec.cwd, base.get("PYTHONPATH", "")) if part)
     shared = {
         **base,
-        **{str(k): str(v) for k, v in spec["env"].items()},
+        **spec.env,
         "PYTHONPATH": python_path,
-        "WORLD_SIZE": str(spec["world_size"]),
-        "LOCAL_SIZE": str(len(slots)),
-        "CROSS_RANK": str(spec["node_rank"]),
-        "CROSS_SIZE": str(spec["nnodes"]),
-        "MASTER_ADDR": str(spec["master_addr"]),
-        "MASTER_PORT": str(spec["master_port"]),
-        "CUDA_VISIBLE_DEVICES": ",".join(str(slot) for slot in slots),
+        "WORLD_SIZE": str(spec.world_size),
+        "LOCAL_SIZE": str(len(spec.slots)),
+        "CROSS_RANK": str(spec.node_rank),
+        "CROSS_SIZE": str(spec.nnodes),
+        "MASTER_ADDR": spec.master_addr,
+        "MASTER_PORT": str(spec.master_port),
+        "CUDA_VISIBLE_DEVICES": ",".join(str(slot) for slot in spec.slots),
     }
-    first = int(spec["first_rank"])
-    return [{**shared, "RANK": str(first + i), "LOCAL_RANK": str(i)} for i in range(len(slots))]
+    return [
+        {**shared, "RANK": str(spec.first_rank + i), "LOCAL_RANK": str(i)} for i in range(len(spec.slots))
+    ]
 
 
-def agent_command(spec: Mapping[str, Any]) -> list[str]:
-    return [str(spec["python"]), "-u", "-m", AGENT_MODULE, *map(str, spec["agent_args"])]
+def agent_command(spec: NodeSpec) -> list[str]:
+    return [spec.python, "-u", "-m", AGENT_MODULE, *spec.agent_args]
 
 
 def main() -> int:
     try:
-        spec = json.loads(sys.stdin.read())
-        envs = rank_environments(spec, os.environ)
-        command = agent_command(spec)
-        cwd = str(spec["cwd"])
-    except (ValueError, KeyError, TypeError) as error:
+        spec = NodeSpec.from_json(sys.stdin.read())
+    except NodeSpecError as error:
         print(f"gaudi-cluster[node]: error: bad node spec on stdin ({error}); fix: let the master start it")
         return 2
+    envs, command = rank_environments(spec, os.environ), agent_command(spec)
     try:
-        agents = [subprocess.Popen(command, env=env, cwd=cwd, stdin=subprocess.DEVNULL) for env in envs]
+        agents = [subprocess.Popen(command, env=env, cwd=spec.cwd, stdin=subprocess.DEVNULL) for env in envs]
     except OSError as error:
         print(
-            f"gaudi-cluster[node]: error: cannot start the rank agents in {cwd}: {error.strerror}", flush=True
+            f"gaudi-cluster[node]: error: cannot start the rank agents in {spec.cwd}: {error.strerror}",
+            flush=True,
         )
         return 1
 

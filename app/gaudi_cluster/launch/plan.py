@@ -1,4 +1,5 @@
-"""Launch plans as values: the exact argv and added environment of a launch, and what goes into one.
+"""Launch plans as values: the exact argv and added environment of a launch, what goes into one, and
+what a launcher needs of the machine.
 
 Every rank runs the rank agent (`python -u -m gaudi_cluster.rank.agent --job-id J ... -- program`), which
 owns the child process, the log prefix and the heartbeat. The launchers that build plans are in
@@ -15,8 +16,7 @@ from types import MappingProxyType
 
 from gaudi_cluster.errors import ConfigError
 from gaudi_cluster.nodes.hostfile import Hostfile
-
-AGENT_MODULE = "gaudi_cluster.rank.agent"
+from gaudi_cluster.wire.node_spec import AGENT_MODULE
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,8 @@ class AgentSettings:
     heartbeat_timeout_s: float
     control: str | None  # HOST:PORT of the master's control channel; None: unsupervised
     local_rank_arg: bool = False  # pass --local_rank=N to the script (DeepSpeed's default); else env only
+    # Where the job writes, resolved once on the master, so no agent guesses it from the program's argv.
+    output_dir: str | None = None
 
     def args(self, program: Sequence[str]) -> list[str]:
         if not program:
@@ -60,6 +62,8 @@ class AgentSettings:
             args += ["--control", self.control]
         if self.local_rank_arg:
             args.append("--local-rank-arg")
+        if self.output_dir:
+            args += ["--output-dir", self.output_dir]
         return [*args, "--", *program]
 
 
@@ -87,6 +91,34 @@ def no_space(value: str, what: str) -> str:
     if not value or any(c.isspace() for c in value):
         raise ConfigError(f"{what} '{value}' is empty or contains whitespace; fix: use a path without spaces")
     return value
+
+
+# What a launcher needs of the machine it runs on (its `requires()`); `launch.tools` checks them.
+@dataclass(frozen=True)
+class OnPath:
+    """A program the launch runs here, found on PATH (or at its absolute path)."""
+
+    tool: str
+    fix: str
+
+
+@dataclass(frozen=True)
+class PythonModule:
+    """A module the launch runs with `python -m`, importable by this interpreter."""
+
+    module: str
+    fix: str
+
+
+@dataclass(frozen=True)
+class OpenMpiMajor:
+    """The mpirun on PATH is Open MPI of one of these major versions."""
+
+    majors: tuple[int, ...]
+    fix: str
+
+
+Requirement = OnPath | PythonModule | OpenMpiMajor
 
 
 @dataclass(frozen=True)

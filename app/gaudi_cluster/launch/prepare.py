@@ -1,28 +1,27 @@
 """The second phase of a job: from the node survey to files on disk and a launch plan.
 
 preflight checks (blocking ones stop here) -> hostfile -> .deepspeed_env -> LaunchPlan. In a dry run
-nothing is written; the same values are printed instead.
+nothing is written; the same values are printed instead. What the probe stages on every node before
+the survey (the attempt's secret, variables delivered privately) is made here too: `staged_values`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
-import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
-from gaudi_cluster.env import envfile, jobenv
+from gaudi_cluster.env import cpu_threads, envfile, jobenv
 from gaudi_cluster.errors import ClusterNotReady, ConfigError
-from gaudi_cluster.launch import launchers, plan
-from gaudi_cluster.launch.program import output_dir, required_paths, resolve_accelerator
+from gaudi_cluster.launch import launchers, plan, tools
 from gaudi_cluster.nodes import checks
+from gaudi_cluster.nodes.devices import resolve_accelerator
 from gaudi_cluster.nodes.hostfile import HostEntry, Hostfile, active_resources, make_hostfile, render_hostfile
-from gaudi_cluster.nodes.survey import NodeSurvey, survey_nodes
+from gaudi_cluster.nodes.survey import NodeSurvey
 from gaudi_cluster.settings.config import ClusterConfig
 from gaudi_cluster.wire import protocol
 
@@ -55,8 +54,51 @@ class PreparedJob:
         return sum(self.ranks_by_host.values())
 
 
-def stable_hostfile_path(config: ClusterConfig) -> Path:
-    return Path(config.job_root).parent / STABLE_HOSTFILE
+@dataclass(frozen=True)
+class PrepareSettings:
+    """What preparing a launch reads of the cluster's settings, and nothing else."""
+
+    accelerator: str
+    env_preset: str
+    env: tuple[tuple[str, str], ...]
+    env_pass: tuple[str, ...]
+    slots: int | None
+    min_free_disk: int
+    skip_doctor: bool
+    dry_run: bool
+    launcher: str
+    ssh_port: int
+    master_port: int
+    control_port: int
+    heartbeat_timeout: float
+    job_root: str
+
+    @classmethod
+    def from_config(cls, config: ClusterConfig) -> PrepareSettings:
+        return cls(**{name: getattr(config, name) for name in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class StagedValues:
+    """What the probe stages in every node's 0600 private file, known before the survey: this attempt's
+    control-channel secret and the variables delivered privately (never on a command line)."""
+
+    user_files: tuple[jobenv.UserEnvFile, ...]
+    private_env: Mapping[str, str] = field(repr=False)
+    token: str = field(repr=False)
+
+    def payload(self) -> dict[str, Any]:
+        return {"env": dict(self.private_env), "token": self.token}
+
+
+def staged_values(env_pass: Sequence[str], environ: Mapping[str, str]) -> StagedValues:
+    user_files = tuple(user_env_files(environ))
+    private = jobenv.private_values(user_files, env_pass, environ)
+    return StagedValues(user_files, private, protocol.new_token())
+
+
+def stable_hostfile_path(job_root: str) -> Path:
+    return Path(job_root).parent / STABLE_HOSTFILE
 
 
 def _read_if_exists(path: str) -> str | None:
@@ -74,50 +116,43 @@ def user_env_files(environ: Mapping[str, str]) -> list[jobenv.UserEnvFile]:
 
 
 def job_env_for(
-    config: ClusterConfig,
+    settings: PrepareSettings,
     accelerator: str,
     survey: NodeSurvey,
     environ: Mapping[str, str],
-    user_files: Sequence[jobenv.UserEnvFile] = (),
+    staged: StagedValues,
 ) -> envfile.EnvFile:
     return jobenv.job_env(
-        preset=config.env_preset,
+        preset=settings.env_preset,
         accelerator=accelerator,
         master_report=survey.master_report,
         environ=environ,
         # HCCL's socket interface is never the seed's first-interface guess (see presets).
         socket_ifname=survey.hccl_socket_ifname if accelerator == "hpu" else survey.socket_ifname,
-        extra=dict(config.env),
-        user_files=user_files,
-        env_pass=config.env_pass,
+        extra=dict(settings.env),
+        user_files=staged.user_files,
+        env_pass=settings.env_pass,
+        private=staged.private_env,
     )
 
 
-def hostfile_for(config: ClusterConfig, survey: NodeSurvey) -> Hostfile:
+def hostfile_for(cpu_slots: int | None, survey: NodeSurvey) -> Hostfile:
     """Slots per node: as requested (peer list, --slots on cpu), else the devices the node detected."""
     entries = []
     for host in survey.hosts:
         report = survey.reports[host]
         slots = (
             survey.requested_slots.get(host)
-            or (config.slots if report["accelerator"] == "cpu" else None)
-            or report["slots"]
+            or (cpu_slots if report.accelerator == "cpu" else None)
+            or report.slots
         )
         entries.append(HostEntry(host, int(slots or 1)))
     return make_hostfile(entries)  # survey.hosts lists the first node (rank 0) first
 
 
-def _check_or_stop(config: ClusterConfig, survey: NodeSurvey, env_file: envfile.EnvFile) -> None:
-    findings = checks.check_nodes(
-        survey.reports,
-        {},
-        survey.requested_slots,
-        survey.socket_ifname,
-        env_file.as_dict(),
-        survey.paths,
-        min_free_disk=config.min_free_disk,
-    )
-    if config.skip_doctor or config.dry_run:
+def _check_or_stop(settings: PrepareSettings, survey: NodeSurvey, env_file: envfile.EnvFile) -> None:
+    findings = survey.preflight(env_file.as_dict(), settings.min_free_disk)
+    if settings.skip_doctor or settings.dry_run:
         return
     for warning in (f for f in findings if not f.ok and not f.blocking):
         log.warning("warning: %s %s: %s; fix: %s", warning.host, warning.check, warning.detail, warning.fix)
@@ -131,110 +166,77 @@ def _check_or_stop(config: ClusterConfig, survey: NodeSurvey, env_file: envfile.
         )
 
 
-def openmpi_major() -> int:
-    """The major version of the mpirun on PATH (4 when it cannot tell: Debian 12's and Habana's)."""
-    try:
-        out = subprocess.run(
-            ["mpirun", "--version"], capture_output=True, text=True, timeout=10, check=False
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return 4
-    for word in out.split():
-        if word[:1].isdigit() and "." in word:
-            return int(word.split(".")[0])
-    return 4
-
-
 def prepare(
-    config: ClusterConfig,
+    settings: PrepareSettings,
+    survey: NodeSurvey,
+    staged: StagedValues,
     program: Sequence[str],
     environ: Mapping[str, str],
     options: plan.LaunchOptions | None = None,
 ) -> PreparedJob:
+    """Everything the launch needs, from what the survey found; files are written unless a dry run."""
     options = options or plan.LaunchOptions()
-    user_files = user_env_files(environ)
-    token = protocol.new_token()
-    private = {"env": jobenv.private_values(user_files, config.env_pass, environ), "token": token}
-    survey = survey_nodes(
-        config, required_paths(program, os.getcwd()), environ, private, output_dir(program, environ)
-    )
-    try:
-        return _prepare_surveyed(config, program, environ, options, survey, user_files, token)
-    except BaseException:
-        survey.release()
-        raise
-
-
-def _prepare_surveyed(
-    config: ClusterConfig,
-    program: Sequence[str],
-    environ: Mapping[str, str],
-    options: plan.LaunchOptions,
-    survey: NodeSurvey,
-    user_files: Sequence[jobenv.UserEnvFile],
-    token: str,
-) -> PreparedJob:
     if survey.unreachable:
         details = "; ".join(f"{host}: {why}" for host, why in survey.unreachable.items())
         raise ClusterNotReady(
             f"{len(survey.unreachable)} of {len(survey.hosts)} nodes failed the ssh probe: {details}"
         )
-    accelerator = resolve_accelerator(config.accelerator, environ, survey.master_report)
-    env_file = job_env_for(config, accelerator, survey, environ, user_files)
-    for line in jobenv.describe(env_file, user_files):
+    accelerator = resolve_accelerator(settings.accelerator, environ, survey.master_report)
+    env_file = job_env_for(settings, accelerator, survey, environ, staged)
+    for line in jobenv.describe(env_file, staged.user_files):
         log.log(logging.WARNING if line.startswith("warning:") else logging.INFO, "%s", line)
-    _check_or_stop(config, survey, env_file)
-    hostfile = hostfile_for(config, survey)
+    _check_or_stop(settings, survey, env_file)
+    hostfile = hostfile_for(settings.slots, survey)
     active = active_resources(hostfile, options.include, options.exclude)
     if accelerator == "cpu":
-        threads = jobenv.cpu_threads_per_rank({h: len(s) for h, s in active.items()}, survey.reports)
-        threaded = jobenv.with_cpu_threads(env_file, threads)
+        threads = cpu_threads.cpu_threads_per_rank({h: len(s) for h, s in active.items()}, survey.reports)
+        threaded = cpu_threads.with_cpu_threads(env_file, threads)
         if threads is not None and threaded is not env_file:
             log.info("%s", threads.line())
         env_file = threaded
     hostfile_path = survey.job_dir / "hostfile"
     env_path = survey.job_dir / "deepspeed_env"
-    if not config.dry_run:
+    if not settings.dry_run:
         hostfile_path.write_text(render_hostfile(hostfile))
         if not survey.local:
-            stable = stable_hostfile_path(config)
+            stable = stable_hostfile_path(settings.job_root)
             stable.parent.mkdir(parents=True, exist_ok=True)
             stable.write_text(render_hostfile(hostfile))
         env_path.write_text(envfile.render_env_file(env_file))
         env_path.chmod(0o600)
+    launcher = launchers.launcher_named(settings.launcher)
+    mpirun_major = tools.openmpi_major() if settings.launcher == "mpirun" else 4
     inputs = plan.PlanInputs(
         hostfile=hostfile,
         hostfile_path=str(hostfile_path),
         env=env_file.as_dict(),
         env_path=str(env_path),
         ssh_config_path=str(survey.ssh_config) if survey.ssh_config else None,
-        ssh_port=config.ssh_port,
+        ssh_port=settings.ssh_port,
         master_addr=survey.master_addr,
-        master_port=config.master_port,
+        master_port=settings.master_port,
         program=tuple(program),
         python=sys.executable,
         agent=plan.AgentSettings(
             job_id=survey.job_id,
-            job_root=config.job_root,
-            heartbeat_timeout_s=config.heartbeat_timeout,
-            control=f"{survey.local_addr}:{config.control_port}",
+            job_root=settings.job_root,
+            heartbeat_timeout_s=settings.heartbeat_timeout,
+            control=f"{survey.local_addr}:{settings.control_port}",
             local_rank_arg=options.local_rank_arg,
+            output_dir=survey.output_dir,
         ),
         socket_ifname=survey.socket_ifname,
         mpi_root=environ.get("MPI_ROOT"),
-        openmpi_major=openmpi_major() if config.launcher == "mpirun" else 4,
+        openmpi_major=mpirun_major,
         local=survey.local,
         this_node=survey.this_node,
         cwd=os.getcwd(),
         runner_args=options.runner_args(),
         launcher_args=options.launcher_args,
     )
-    launch = launchers.plan_for(config.launcher, inputs)
-    if not shutil.which(launch.argv[0]):
-        raise ClusterNotReady(
-            f"--launcher {config.launcher} needs {launch.argv[0]}, which is not on PATH here; "
-            "fix: install it (OpenMPI: apt-get install openmpi-bin) or choose another launcher"
-        )
+    # What the launcher needs on this machine is checked before it plans (DeepSpeed's backend_exists).
+    tools.check_requirements(settings.launcher, launcher.requires(inputs), mpirun_major=lambda: mpirun_major)
+    launch = launcher.plan(inputs)
     return PreparedJob(
         job_id=survey.job_id,
         job_dir=survey.job_dir,
@@ -247,21 +249,19 @@ def _prepare_surveyed(
         node_python=sys.executable,
         local=survey.local,
         control_addr=survey.local_addr,
-        rank_hosts=rank_hosts(active, survey.reports),
-        output_dir=output_dir(program, environ),
+        rank_hosts=rank_hosts(active, survey),
+        output_dir=survey.output_dir or os.getcwd(),
         survey=survey,
-        token=token,
+        token=staged.token,
     )
 
 
-def rank_hosts(
-    active: Mapping[str, Sequence[int]], reports: Mapping[str, Mapping[str, object]]
-) -> dict[int, str]:
+def rank_hosts(active: Mapping[str, Sequence[int]], survey: NodeSurvey) -> dict[int, str]:
     """Which node's host name each rank reports: ranks are numbered node by node in hostfile order,
     as DeepSpeed's launch.py and mpirun's by-slot mapping both do."""
     ranks: dict[int, str] = {}
     for host, slots in active.items():
-        name = str(reports.get(host, {}).get("hostname") or host)
+        name = survey.node_name(host)
         for _ in slots:
             ranks[len(ranks)] = name
     return ranks

@@ -5,26 +5,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 APP_DIR = Path(__file__).resolve().parents[2]
 DEFAULT_SCRIPT = APP_DIR / "train" / "run_clm.py"
 DEFAULT_OUTPUT = "/workspace/output"
-
-
-def resolve_accelerator(
-    requested: str, environ: Mapping[str, str], master_report: Mapping[str, Any] | None = None
-) -> str:
-    """The device kind of the job: the setting, else what the master reported, else DS_ACCELERATOR.
-
-    Before the master has probed itself (dry runs, the default job's arguments) the image's
-    DS_ACCELERATOR is the best guess; afterwards the probe's answer wins.
-    """
-    if requested != "auto":
-        return requested
-    if master_report and master_report.get("accelerator"):
-        return str(master_report["accelerator"])
-    return environ.get("DS_ACCELERATOR") or "cpu"
 
 
 def default_program(python: str, accelerator: str, environ: Mapping[str, str]) -> list[str]:
@@ -41,7 +25,7 @@ def default_program(python: str, accelerator: str, environ: Mapping[str, str]) -
 
 
 def program_from_args(
-    job_argv: Sequence[str], python: str, accelerator: str, environ: Mapping[str, str]
+    job_argv: Sequence[str], python: str, accelerator: str, environ: Mapping[str, str], cwd: str
 ) -> list[str]:
     """`script.py args…` runs under this Python; `-m module args…` too; anything else is a command."""
     argv = list(job_argv)
@@ -50,7 +34,7 @@ def program_from_args(
     if not argv:
         return default_program(python, accelerator, environ)
     if argv[0].endswith(".py"):
-        return [python, "-u", os.path.abspath(argv[0]), *argv[1:]]
+        return [python, "-u", os.path.normpath(os.path.join(cwd, argv[0])), *argv[1:]]
     if argv[0] == "-m":
         return [python, "-u", *argv]
     return argv
@@ -60,22 +44,21 @@ def required_paths(program: Sequence[str], cwd: str) -> list[str]:
     """What must exist on every node for the program to start: its script, and the working dir."""
     paths = [cwd]
     for word in program[1:]:
-        if word.endswith(".py") and os.path.isabs(word):
+        if word.endswith(".py") and word.startswith("/"):
             paths.append(word)
             break
-    if program and os.path.isabs(program[0]):
+    if program and program[0].startswith("/"):
         paths.append(program[0])
     return paths
 
 
-def output_dir(program: Sequence[str], environ: Mapping[str, str], cwd: str | None = None) -> str:
+def output_dir(program: Sequence[str], environ: Mapping[str, str], cwd: str, output_volume: bool) -> str:
     """Where the job writes: its --output_dir (the transformers convention), else the cluster's
-    (GAUDI_CLUSTER_OUTPUT_DIR, or the image's output volume), else, on a host without that volume,
-    the working directory: a host run must not create /workspace/output as a side effect."""
+    (GAUDI_CLUSTER_OUTPUT_DIR, or the image's output volume when `output_volume` says it is there),
+    else the working directory: a host run must not create /workspace/output as a side effect."""
     for i, word in enumerate(program):
         if word == "--output_dir" and i + 1 < len(program):
             return program[i + 1]
         if word.startswith("--output_dir="):
             return word.split("=", 1)[1]
-    volume = DEFAULT_OUTPUT if os.path.isdir(DEFAULT_OUTPUT) else None
-    return environ.get("GAUDI_CLUSTER_OUTPUT_DIR") or volume or cwd or os.getcwd()
+    return environ.get("GAUDI_CLUSTER_OUTPUT_DIR") or (DEFAULT_OUTPUT if output_volume else cwd)

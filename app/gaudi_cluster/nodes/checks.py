@@ -13,6 +13,7 @@ from typing import Any
 
 from gaudi_cluster.env import presets
 from gaudi_cluster.settings import profiles
+from gaudi_cluster.wire.node_report import HABANA_DRIVER, NodeReport
 
 MIN_FREE_SHM = 256 << 20
 COMPARED_PACKAGES = ("torch", "deepspeed", "transformers", "optimum-habana")
@@ -36,7 +37,7 @@ def _majority(values: Mapping[str, Any]) -> Any:
 
 
 def check_nodes(
-    reports: Mapping[str, Mapping[str, Any]],
+    reports: Mapping[str, NodeReport],
     unreachable: Mapping[str, str],
     requested_slots: Mapping[str, int | None],
     socket_ifname: str | None,
@@ -48,7 +49,7 @@ def check_nodes(
     for host, why in unreachable.items():
         findings.append(Finding(host, "ssh", False, why, "see the cause above"))
     for host, report in reports.items():
-        findings.append(Finding(host, "ssh", True, f"reachable as {report.get('hostname')}"))
+        findings.append(Finding(host, "ssh", True, f"reachable as {report.hostname}"))
         findings += _node_findings(
             host, report, requested_slots.get(host), socket_ifname, env, required_paths, min_free_disk
         )
@@ -58,7 +59,7 @@ def check_nodes(
 
 def _node_findings(
     host: str,
-    report: Mapping[str, Any],
+    report: NodeReport,
     requested: int | None,
     socket_ifname: str | None,
     env: Mapping[str, str],
@@ -66,8 +67,7 @@ def _node_findings(
     min_free_disk: int,
 ) -> list[Finding]:
     found: list[Finding] = []
-    detected = int(report.get("slots") or 0)
-    kind = report.get("accelerator", "cpu")
+    detected, kind = report.slots, report.accelerator
     if requested is not None and kind != "cpu" and requested > detected:
         found.append(
             Finding(
@@ -93,7 +93,7 @@ def _node_findings(
             Finding(host, "slots", True, f"{requested or detected} used, {detected} {kind} detected")
         )
     if socket_ifname:
-        addresses = {i["name"]: i.get("addresses", []) for i in report.get("interfaces", [])}
+        addresses = {i.name: i.addresses for i in report.interfaces}
         if not addresses.get(socket_ifname):
             found.append(
                 Finding(
@@ -111,7 +111,7 @@ def _node_findings(
         found += _driver_findings(host, report)
     if env.get("HCCL_OVER_OFI") == "1":
         found += _ofi_findings(host, report, presets.wanted_provider(env) or "efa")
-    for path, exists in (report.get("paths") or {}).items():
+    for path, exists in report.paths.items():
         if path in required_paths and not exists:
             found.append(
                 Finding(
@@ -122,10 +122,10 @@ def _node_findings(
                     "use the same image (or shared storage) on every node",
                 )
             )
-    if required_paths and all((report.get("paths") or {}).get(p) for p in required_paths):
+    if required_paths and all(report.paths.get(p) for p in required_paths):
         found.append(Finding(host, "workload", True, "present"))
-    disk = report.get("free_disk_bytes")
-    where = report.get("output_dir", "the output directory")
+    disk = report.free_disk_bytes
+    where = report.output_dir or "the output directory"
     if disk is not None and disk < min_free_disk:
         found.append(
             Finding(
@@ -139,7 +139,7 @@ def _node_findings(
         )
     elif disk is not None:
         found.append(Finding(host, "disk", True, f"{where}: {disk >> 20} MiB free"))
-    shm = report.get("free_shm_bytes")
+    shm = report.free_shm_bytes
     if shm is not None and shm < MIN_FREE_SHM:
         found.append(
             Finding(
@@ -155,27 +155,27 @@ def _node_findings(
 
 
 def _hccl_interface_findings(
-    host: str, report: Mapping[str, Any], hccl_ifname: str | None, checked: str | None
+    host: str, report: NodeReport, hccl_ifname: str | None, checked: str | None
 ) -> list[Finding]:
     """HCCL_SOCKET_IFNAME must name an IPv4 interface on every node, and never a Gaudi NIC's netdev."""
     if not hccl_ifname:
         return []
-    interface = next((i for i in report.get("interfaces", []) if i.get("name") == hccl_ifname), None)
+    interface = report.interface(hccl_ifname)
     fix = "set --socket-ifname (GAUDI_CLUSTER_SOCKET_IFNAME) to a host interface present on every node"
-    if interface is not None and interface.get("driver") == presets.HABANA_DRIVER:
+    if interface is not None and interface.driver == HABANA_DRIVER:
         detail = f"HCCL_SOCKET_IFNAME={hccl_ifname} is a Gaudi NIC (habanalabs driver)"
         return [Finding(host, "hccl interface", False, detail, fix)]
     if hccl_ifname == checked:
         return []  # the interface row above already covers it
-    if interface is None or not interface.get("addresses"):
+    if interface is None or not interface.addresses:
         detail = f"HCCL_SOCKET_IFNAME={hccl_ifname} missing or without an IPv4 address"
         return [Finding(host, "hccl interface", False, detail, fix)]
-    return [Finding(host, "hccl interface", True, f"{hccl_ifname} {interface['addresses'][0]}")]
+    return [Finding(host, "hccl interface", True, f"{hccl_ifname} {interface.addresses[0]}")]
 
 
-def _driver_findings(host: str, report: Mapping[str, Any]) -> list[Finding]:
+def _driver_findings(host: str, report: NodeReport) -> list[Finding]:
     """The host driver against the image profile's Synapse release (mixing them is unsupported)."""
-    name = report.get("profile")
+    name = report.profile
     if not name:
         return []
     matrix = profiles.load()
@@ -184,7 +184,7 @@ def _driver_findings(host: str, report: Mapping[str, Any]) -> list[Finding]:
             Finding(host, "driver", False, f"image profile '{name}' is unknown here", "rebuild the image")
         ]
     profile = matrix.profile(name)
-    version = report.get("driver_version")
+    version = report.driver_version
     if not version:
         detail = (
             f"`hl-smi -Q driver_version` gave no version to compare with Synapse {profile.synapse_version}"
@@ -199,7 +199,7 @@ def _driver_findings(host: str, report: Mapping[str, Any]) -> list[Finding]:
     fitting = [p.name for p in matrix.profiles.values() if p.synapse_release == profiles.release(version)]
     fix = f"install the {profile.synapse_release}.x driver on {host}"
     fix += f", or run the {fitting[0]} profile's image (make image PROFILE={fitting[0]})" if fitting else ""
-    node = f"{host} ({report['hostname']})" if report.get("hostname") not in (None, host) else host
+    node = f"{host} ({report.hostname})" if report.hostname not in (None, host) else host
     detail = (
         f"host driver {version} on {node} does not match the image's Synapse "
         f"{profile.synapse_version} (profile {name})"
@@ -207,11 +207,11 @@ def _driver_findings(host: str, report: Mapping[str, Any]) -> list[Finding]:
     return [Finding(host, "driver", False, detail, fix)]
 
 
-def _ofi_findings(host: str, report: Mapping[str, Any], provider: str) -> list[Finding]:
+def _ofi_findings(host: str, report: NodeReport, provider: str) -> list[Finding]:
     """HCCL over libfabric: uverbs devices, the provider the ranks need, and hccl_ofi_wrapper."""
     found = []
     check = "efa" if provider == "efa" else "ofi"
-    if not report.get("uverbs_devices"):
+    if not report.uverbs_devices:
         found.append(
             Finding(
                 host,
@@ -221,8 +221,7 @@ def _ofi_findings(host: str, report: Mapping[str, Any], provider: str) -> list[F
                 "run the container with --privileged (or --device /dev/infiniband/uverbsN)",
             )
         )
-    providers = report.get("fi_providers") or {}
-    available = providers.get(provider, report.get("efa_provider") if provider == "efa" else None)
+    available = report.fi_providers.get(provider)
     if available is False:
         fix = (
             "check the EFA driver on the host and the security group"
@@ -238,7 +237,7 @@ def _ofi_findings(host: str, report: Mapping[str, Any], provider: str) -> list[F
                 fix,
             )
         )
-    if not report.get("hccl_ofi_wrapper"):
+    if not report.hccl_ofi_wrapper:
         found.append(
             Finding(
                 host,
@@ -249,17 +248,17 @@ def _ofi_findings(host: str, report: Mapping[str, Any], provider: str) -> list[F
             )
         )
     if not found:
-        detail = f"{len(report['uverbs_devices'])} uverbs devices, {provider} provider, wrapper present"
+        detail = f"{len(report.uverbs_devices)} uverbs devices, {provider} provider, wrapper present"
         found.append(Finding(host, check, True, detail))
     return found
 
 
-def _consistency_findings(reports: Mapping[str, Mapping[str, Any]]) -> list[Finding]:
+def _consistency_findings(reports: Mapping[str, NodeReport]) -> list[Finding]:
     if len(reports) < 2:
         return []
     found = []
     for key, label in (("versions", "versions"), ("build_id", "image"), ("python", "python")):
-        values = {host: report.get(key) for host, report in reports.items()}
+        values = {host: getattr(report, key) for host, report in reports.items()}
         expected = _majority(values)
         for host, value in values.items():
             if value != expected:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from gaudi_cluster.errors import ConfigError
 from gaudi_cluster.nodes import slurm
+from gaudi_cluster.wire.node_report import HABANA_DRIVER, NodeReport
 
 ACCELERATORS = ("hpu", "cuda", "cpu")
 ACCEL_DIR = "/dev/accel"
@@ -26,7 +27,6 @@ _ACCEL_RE = re.compile(r"accel[0-9]+")
 HL_SMI_INDEX = ("hl-smi", "-Q", "index", "-f", "csv,noheader")
 HL_SMI_DRIVER_VERSION = ("hl-smi", "-Q", "driver_version", "-f", "csv,noheader")
 NVIDIA_SMI_LIST = ("nvidia-smi", "-L")
-HABANA_DRIVER = "habanalabs"
 SYSFS_ROOT_ENV = "GAUDI_CLUSTER_SYSFS_ROOT"
 # hl-smi's driver version: the Synapse release and a build hash, e.g. 1.22.1-97ec1a4.
 _DRIVER_VERSION_RE = re.compile(r"[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.]+)?")
@@ -204,3 +204,18 @@ def detect_accelerator(
     if _nvidia_smi_count(run) > 0:
         return "cuda"
     return "cpu"
+
+
+def resolve_accelerator(
+    requested: str, environ: Mapping[str, str], master_report: NodeReport | None = None
+) -> str:
+    """The device kind of the job: the setting, else what the master reported, else DS_ACCELERATOR.
+
+    Before the master has probed itself (dry runs, the default job's arguments) the image's
+    DS_ACCELERATOR is the best guess; afterwards the probe's answer wins.
+    """
+    if requested != "auto":
+        return requested
+    if master_report is not None:
+        return master_report.accelerator
+    return environ.get("DS_ACCELERATOR") or "cpu"

@@ -1,26 +1,29 @@
 """Where the peers come from (static list, DNS, hostfile, Slurm, MPI Operator) and waiting for them.
 
-Parsers are pure; the world (DNS, files, clock, sleep) comes in as callables so that the one
-deadline in `wait_for_peers` can be tested with a fake clock.
+One `PeerSource` per place, each saying what it is, whether it names every node or only the others,
+and whether it can grow while we wait. Pure: the world (DNS, files, clock, sleep) comes in as
+callables (`World`, built for real by the survey) so that every source and the one deadline in
+`wait_for_peers` are tested without a network, a filesystem or a real clock.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import os
 import re
-import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from typing import ClassVar
 
 from gaudi_cluster.errors import ClusterNotReady, ConfigError
 from gaudi_cluster.nodes import slurm
-from gaudi_cluster.nodes.hostfile import host_problem, read_hostfile
+from gaudi_cluster.nodes.hostfile import Hostfile, host_problem
 
 Resolver = Callable[[str], list[str]]
 MPI_OPERATOR_HOSTFILE = "/etc/mpi/hostfile"
+
+LOOPBACK = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -29,14 +32,14 @@ class Peer:
     slots: int | None = None  # None: detect on the node itself
 
 
-def default_resolve(name: str) -> list[str]:
-    """All IPv4/IPv6 addresses of `name`; raises OSError (socket.gaierror) when it does not resolve."""
-    infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
-    return [str(info[4][0]) for info in infos]
+@dataclass(frozen=True)
+class World:
+    """What discovery reads of the machine it runs on."""
 
-
-def _read_text(path: str) -> str:
-    return Path(path).read_text(encoding="utf-8")
+    resolve: Resolver  # every address of a name; OSError while it does not resolve
+    read_text: Callable[[str], str]  # a file's text; OSError when it cannot be read
+    load_hostfile: Callable[[str], Hostfile]  # a parsed hostfile; ConfigError naming the path
+    exists: Callable[[str], bool]
 
 
 def _dedupe(peers: list[Peer], source: str) -> list[Peer]:
@@ -88,7 +91,7 @@ def _address_key(addr: str) -> tuple[int, int, str]:
     return (ip.version, int(ip), addr)
 
 
-def peers_from_dns(name: str, resolve: Resolver = default_resolve) -> list[Peer]:
+def peers_from_dns(name: str, resolve: Resolver) -> list[Peer]:
     """One peer per address behind `name` (compose service, k8s headless service), numerically sorted.
 
     Resolution errors propagate: `wait_for_peers` treats them as "none found yet".
@@ -97,21 +100,8 @@ def peers_from_dns(name: str, resolve: Resolver = default_resolve) -> list[Peer]
     return [Peer(a) for a in addrs]
 
 
-def peers_from_hostfile(path: str | Path) -> list[Peer]:
-    return [Peer(e.host, e.slots) for e in read_hostfile(path).entries]
-
-
-def expand_slurm_nodelist(s: str, source: str = "SLURM_JOB_NODELIST") -> list[str]:
-    """A Slurm host list expanded exactly as Slurm does (gaudi_cluster.nodes.slurm), errors as ConfigError."""
-    try:
-        hosts = slurm.expand_hostlist(s)
-    except slurm.HostlistError as error:
-        raise ConfigError(
-            f"{source}='{s}' is not a Slurm host list: {error}; fix: use forms like node[01-04,07]"
-        ) from None
-    if not hosts:
-        raise ConfigError(f"{source} is empty; fix: run inside a Slurm allocation or configure peers")
-    return hosts
+def peers_from_hostfile(path: str, load_hostfile: Callable[[str], Hostfile]) -> list[Peer]:
+    return [Peer(e.host, e.slots) for e in load_hostfile(path).entries]
 
 
 def peers_from_slurm(env: Mapping[str, str]) -> list[Peer]:
@@ -128,9 +118,7 @@ def mpi_operator_hostfile_path(env: Mapping[str, str]) -> str:
     return env.get("OMPI_MCA_orte_default_hostfile") or MPI_OPERATOR_HOSTFILE
 
 
-def peers_from_mpi_operator(
-    env: Mapping[str, str], read_text: Callable[[str], str] = _read_text
-) -> list[Peer]:
+def peers_from_mpi_operator(env: Mapping[str, str], read_text: Callable[[str], str]) -> list[Peer]:
     """MPI Operator v2 hostfile: `host slots=N` (OpenMPI) or `host:N` (Intel MPI/MPICH) lines."""
     path = mpi_operator_hostfile_path(env)
     try:
@@ -163,79 +151,133 @@ def peers_from_mpi_operator(
     return _dedupe(peers, path)
 
 
+class PeerSource(ABC):
+    """One place the peers come from.
+
+    `lists_every_node`: the list names this node too and its first node leads (as DeepSpeed reads a
+    hostfile); otherwise it names only the others and this node leads. `grows`: more peers may appear
+    while we wait (a DNS name fills as containers start); a list that is too short is bad input now.
+    """
+
+    lists_every_node: ClassVar[bool] = False
+    grows: ClassVar[bool] = False
+
+    @abstractmethod
+    def describe(self) -> str:
+        """Words for messages: "DNS name 'worker'", "static peer list", ..."""
+
+    @abstractmethod
+    def setting(self) -> str:
+        """How the user chose it, for the message that refuses two sources at once."""
+
+    @abstractmethod
+    def discover(self, environ: Mapping[str, str], world: World) -> list[Peer]:
+        """The peers it names now; ConfigError for bad input, OSError while it cannot answer yet."""
+
+
 @dataclass(frozen=True)
-class DiscoverySpec:
-    peers: str | None = None
-    dns: str | None = None
-    hostfile: str | None = None
-    slurm: bool = False
-    mpi_operator: bool = False
+class StaticPeers(PeerSource):
+    spec: str  # --peers / GAUDI_CLUSTER_PEERS: host[:slots],...
 
-    def configured(self) -> list[str]:
-        names = []
-        if self.peers:
-            names.append(f"GAUDI_CLUSTER_PEERS={self.peers}")
-        if self.dns:
-            names.append(f"GAUDI_CLUSTER_PEERS_DNS={self.dns}")
-        if self.hostfile:
-            names.append(f"GAUDI_CLUSTER_HOSTFILE={self.hostfile}")
-        if self.slurm:
-            names.append("Slurm")
-        if self.mpi_operator:
-            names.append("MPI Operator")
-        return names
-
-
-def describe_source(spec: DiscoverySpec) -> str:
-    """Words for messages: "DNS name 'worker'", "static list", ..."""
-    if spec.dns:
-        return f"DNS name '{spec.dns}'"
-    if spec.peers:
+    def describe(self) -> str:
         return "static peer list"
-    if spec.hostfile:
-        return f"hostfile {spec.hostfile}"
-    if spec.slurm:
+
+    def setting(self) -> str:
+        return f"GAUDI_CLUSTER_PEERS={self.spec}"
+
+    def discover(self, environ: Mapping[str, str], world: World) -> list[Peer]:
+        return peers_from_static(self.spec)
+
+
+@dataclass(frozen=True)
+class DnsPeers(PeerSource):
+    name: str  # --peers-dns / GAUDI_CLUSTER_PEERS_DNS: a compose service, a k8s headless service
+
+    grows: ClassVar[bool] = True
+
+    def describe(self) -> str:
+        return f"DNS name '{self.name}'"
+
+    def setting(self) -> str:
+        return f"GAUDI_CLUSTER_PEERS_DNS={self.name}"
+
+    def discover(self, environ: Mapping[str, str], world: World) -> list[Peer]:
+        return peers_from_dns(self.name, world.resolve)
+
+
+@dataclass(frozen=True)
+class HostfilePeers(PeerSource):
+    path: str  # --hostfile / GAUDI_CLUSTER_HOSTFILE, DeepSpeed's format
+
+    lists_every_node: ClassVar[bool] = True
+
+    def describe(self) -> str:
+        return f"hostfile {self.path}"
+
+    def setting(self) -> str:
+        return f"GAUDI_CLUSTER_HOSTFILE={self.path}"
+
+    def discover(self, environ: Mapping[str, str], world: World) -> list[Peer]:
+        return peers_from_hostfile(self.path, world.load_hostfile)
+
+
+@dataclass(frozen=True)
+class SlurmPeers(PeerSource):
+    lists_every_node: ClassVar[bool] = True
+
+    def describe(self) -> str:
         return "Slurm node list"
-    if spec.mpi_operator:
+
+    def setting(self) -> str:
+        return "Slurm"
+
+    def discover(self, environ: Mapping[str, str], world: World) -> list[Peer]:
+        return peers_from_slurm(environ)
+
+
+@dataclass(frozen=True)
+class MpiOperatorPeers(PeerSource):
+    lists_every_node: ClassVar[bool] = True
+
+    def describe(self) -> str:
         return "MPI Operator hostfile"
-    return "no source"
+
+    def setting(self) -> str:
+        return "MPI Operator"
+
+    def discover(self, environ: Mapping[str, str], world: World) -> list[Peer]:
+        return peers_from_mpi_operator(environ, world.read_text)
 
 
-def detect_source(
-    env: Mapping[str, str], exists: Callable[[str], bool] = os.path.exists
-) -> DiscoverySpec | None:
+def choose_source(
+    peers: str | None,
+    dns: str | None,
+    hostfile: str | None,
+    environ: Mapping[str, str],
+    exists: Callable[[str], bool],
+) -> PeerSource | None:
+    """The one source the settings name (an empty value names none; two are refused), else the one
+    the engine that started us implies; None: no source, the job runs on this node alone."""
+    given: list[PeerSource] = []
+    if peers:
+        given.append(StaticPeers(peers))
+    if dns:
+        given.append(DnsPeers(dns))
+    if hostfile:
+        given.append(HostfilePeers(hostfile))
+    if len(given) > 1:
+        names = " and ".join(source.setting() for source in given)
+        raise ConfigError(f"more than one peer source is configured ({names}); fix: keep only one")
+    return given[0] if given else detect_source(environ, exists)
+
+
+def detect_source(env: Mapping[str, str], exists: Callable[[str], bool]) -> PeerSource | None:
+    """The source the engine that started us implies; a Slurm step wins over a mounted MPI hostfile."""
     if slurm.in_slurm_step(env):
-        return DiscoverySpec(slurm=True)
+        return SlurmPeers()
     if env.get("OMPI_MCA_orte_default_hostfile") or exists(MPI_OPERATOR_HOSTFILE):
-        return DiscoverySpec(mpi_operator=True)
+        return MpiOperatorPeers()
     return None
-
-
-def discover_once(
-    spec: DiscoverySpec,
-    env: Mapping[str, str],
-    resolve: Resolver = default_resolve,
-    read_text: Callable[[str], str] = _read_text,
-) -> list[Peer]:
-    configured = spec.configured()
-    if len(configured) > 1:
-        raise ConfigError(
-            f"more than one peer source is configured ({' and '.join(configured)}); fix: keep only one"
-        )
-    if spec.peers:
-        return peers_from_static(spec.peers)
-    if spec.dns:
-        return peers_from_dns(spec.dns, resolve)
-    if spec.hostfile:
-        return peers_from_hostfile(spec.hostfile)
-    if spec.slurm:
-        return peers_from_slurm(env)
-    if spec.mpi_operator:
-        return peers_from_mpi_operator(env, read_text)
-    raise ConfigError(
-        "no peer source is configured; fix: set one of GAUDI_CLUSTER_PEERS (host[:slots],...), "
-        "GAUDI_CLUSTER_PEERS_DNS (service name), GAUDI_CLUSTER_HOSTFILE, or run under Slurm / MPI Operator"
-    )
 
 
 def wait_for_peers(
@@ -244,21 +286,17 @@ def wait_for_peers(
     timeout_s: float,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
-    on_poll: Callable[[list[Peer], BaseException | None], None] | None = None,
     *,
-    want_hosts: Sequence[str] | None = None,
     source: str = "discovery",
     interval_s: float = 1.0,
     fix: str = "start the missing nodes (worker role) or raise GAUDI_CLUSTER_WAIT_TIMEOUT",
 ) -> list[Peer]:
-    """Poll `discover` under ONE deadline until `expected` peers (or all `want_hosts`) are found.
+    """Poll `discover` under ONE deadline until `expected` peers are found.
 
     expected=None means "whatever is there", but at least one peer: a DNS name that does not resolve
     yet is the normal state of a starting cluster, not an answer. OSError and ClusterNotReady from
     `discover` count as "none found yet"; ConfigError propagates at once (waiting cannot fix it).
     """
-    if want_hosts is not None and expected is None:
-        expected = len(want_hosts)
     need = expected if expected is not None else 1
     start = clock()
     deadline = start + timeout_s
@@ -270,13 +308,7 @@ def wait_for_peers(
             last_error = None
         except (OSError, ClusterNotReady) as exc:
             found, last_error = [], exc
-        if on_poll is not None:
-            on_poll(found, last_error)
-        hosts = {p.host for p in found}
-        done = len(found) >= need
-        if want_hosts is not None:
-            done = all(h in hosts for h in want_hosts)
-        if done:
+        if len(found) >= need:
             return found
         now = clock()
         if now >= deadline:
@@ -284,15 +316,8 @@ def wait_for_peers(
         sleep(max(0.0, min(interval_s, deadline - now)))
     waited = clock() - start
     names = ", ".join(p.host for p in found) or "none"
-    if want_hosts is not None:
-        missing_hosts = [h for h in want_hosts if h not in hosts]
-        missing = f"missing {', '.join(missing_hosts)}"
-        total = len(want_hosts)
-    else:
-        missing = f"missing {need - len(found)}"
-        total = need
     err = f"; last error: {type(last_error).__name__}: {last_error}" if last_error else ""
     raise ClusterNotReady(
-        f"found {len(found)} of {total} peers via {source} after {waited:.0f}s: {names}; "
-        f"{missing}{err}; fix: {fix}"
+        f"found {len(found)} of {need} peers via {source} after {waited:.0f}s: {names}; "
+        f"missing {need - len(found)}{err}; fix: {fix}"
     )

@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 from gaudi_cluster.errors import ConfigError
 
@@ -126,20 +125,6 @@ def parse_hostfile(text: str, source: str = "<hostfile>") -> Hostfile:
     if not entries:
         raise ConfigError(f"{source}:1: hostfile has no host entries; fix: {_FIX_LINE}")
     return Hostfile(tuple(entries))
-
-
-def read_hostfile(path: str | Path) -> Hostfile:
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(
-            f"hostfile {p} does not exist (DeepSpeed would silently train on this node alone); "
-            "fix: pass the path of an existing hostfile"
-        ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"hostfile {p} cannot be read ({exc}); fix: make it a readable text file") from None
-    return parse_hostfile(text, str(p))
 
 
 def make_hostfile(entries: Iterable[HostEntry], master: str | None = None) -> Hostfile:

@@ -14,19 +14,27 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from gaudi_cluster.env import presets
 from gaudi_cluster.errors import ConfigError
 from gaudi_cluster.nodes import devices
 from gaudi_cluster.rank import jobdir
-from gaudi_cluster.settings import profiles
+from gaudi_cluster.wire.node_report import Interface, NodeReport
 
 PACKAGES = ("torch", "deepspeed", "transformers", "optimum-habana", "habana-torch-plugin")
 BUILD_ID_FILE = Path("/opt/gaudi-cluster/BUILD_ID")
+PROFILE_FILE = Path("/opt/gaudi-cluster/PROFILE")
 HCCL_OFI_WRAPPER = "libhccl_ofi_wrapper.so"
+
+
+def image_profile(path: Path | None = None) -> str | None:
+    """The profile this image was built from, or None (the cpu flavor has none)."""
+    try:
+        return (path or PROFILE_FILE).read_text().strip() or None
+    except OSError:
+        return None
 
 
 def package_versions() -> dict[str, str | None]:
@@ -39,7 +47,7 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
-def interfaces() -> list[dict[str, Any]]:
+def interfaces() -> list[Interface]:
     """Interfaces in kernel (ifindex) order with their IPv4 addresses, and the kernel driver of those
     backed by a device (a Gaudi NIC's is habanalabs)."""
     try:
@@ -47,21 +55,17 @@ def interfaces() -> list[dict[str, Any]]:
             ["ip", "-j", "-4", "addr", "show"], capture_output=True, text=True, timeout=5, check=True
         ).stdout
         found = [
-            {"name": entry["ifname"], "addresses": [a["local"] for a in entry.get("addr_info", [])]}
+            (entry["ifname"], tuple(a["local"] for a in entry.get("addr_info", [])))
             for entry in sorted(json.loads(out), key=lambda e: e.get("ifindex", 0))
         ]
     except (OSError, subprocess.SubprocessError, ValueError, KeyError):
         names = sorted(os.listdir("/sys/class/net")) if os.path.isdir("/sys/class/net") else []
-        found = [{"name": name, "addresses": []} for name in names]
+        found = [(name, ()) for name in names]
     driver_of = devices.sysfs_driver(devices.sysfs_root(os.environ))
-    for interface in found:
-        driver = driver_of(f"class/net/{interface['name']}")
-        if driver:
-            interface["driver"] = driver
-    return found
+    return [Interface(name, addresses, driver_of(f"class/net/{name}")) for name, addresses in found]
 
 
-def route_ifname(address: str, local_interfaces: Sequence[Mapping[str, Any]]) -> str | None:
+def route_ifname(address: str, local_interfaces: Sequence[Interface]) -> str | None:
     """The interface this node reaches ADDRESS (a name or an IPv4 address) through: `ip route get`."""
     try:
         ip = socket.getaddrinfo(address, None, socket.AF_INET)[0][4][0]
@@ -154,39 +158,35 @@ def probe(
     check_efa: bool,
     output_dir: str | None = None,
     check_fabric: bool = False,
-) -> dict[str, Any]:
+) -> NodeReport:
     """check_efa: run `fi_info -p efa` whatever the node; check_fabric: on an HPU node, also see which of
     the efa and verbs providers its libfabric offers (what `--env-preset auto` and hostnic need)."""
     environ = dict(os.environ)
     driver_of = devices.sysfs_driver(devices.sysfs_root(environ))
     kind = devices.detect_accelerator(environ, driver_of=driver_of) if accelerator == "auto" else accelerator
-    report: dict[str, Any] = {
-        "hostname": socket.gethostname(),
-        "python": sys.executable,
-        "accelerator": kind,
-        "slots": devices.detect_slots(kind, environ, cpu_slots=cpu_slots, driver_of=driver_of),
-        "versions": package_versions(),
-        "build_id": BUILD_ID_FILE.read_text().strip() if BUILD_ID_FILE.exists() else None,
-        "interfaces": interfaces(),
-        "paths": {path: os.path.exists(path) for path in paths},
-        "output_dir": output_dir or os.getcwd(),
-        "free_disk_bytes": _free_bytes(_existing_ancestor(output_dir or os.getcwd())),
-        "free_shm_bytes": _free_bytes("/dev/shm"),
-        "uverbs_devices": sorted(glob.glob("/dev/infiniband/uverbs*")),
-        "hccl_ofi_wrapper": _hccl_ofi_wrapper(),
-        "profile": profiles.image_profile(),
-        "cpus": usable_cpus(),
-        "boot_id": boot_id(),
-    }
-    if kind == "hpu":
-        report["driver_version"] = devices.driver_version(devices.default_run)
     wanted = ["efa"] if check_efa else []
     if check_fabric and kind == "hpu":
         wanted = ["efa", "verbs"]
-    if wanted:
-        report["fi_providers"] = fi_providers(wanted, environ)
-        report["efa_provider"] = report["fi_providers"]["efa"]
-    return report
+    return NodeReport(
+        hostname=socket.gethostname(),
+        python=sys.executable,
+        accelerator=kind,
+        slots=devices.detect_slots(kind, environ, cpu_slots=cpu_slots, driver_of=driver_of),
+        versions=package_versions(),
+        build_id=BUILD_ID_FILE.read_text().strip() if BUILD_ID_FILE.exists() else None,
+        interfaces=tuple(interfaces()),
+        paths={path: os.path.exists(path) for path in paths},
+        output_dir=output_dir or os.getcwd(),
+        free_disk_bytes=_free_bytes(_existing_ancestor(output_dir or os.getcwd())),
+        free_shm_bytes=_free_bytes("/dev/shm"),
+        uverbs_devices=tuple(sorted(glob.glob("/dev/infiniband/uverbs*"))),
+        hccl_ofi_wrapper=_hccl_ofi_wrapper(),
+        profile=image_profile(),
+        cpus=usable_cpus(),
+        boot_id=boot_id(),
+        driver_version=devices.driver_version(devices.default_run) if kind == "hpu" else None,
+        fi_providers=fi_providers(wanted, environ) if wanted else {},
+    )
 
 
 def run(
@@ -208,7 +208,5 @@ def run(
                 "probe --stage: stdin is not the master's JSON payload; fix: let the master run it"
             ) from None
         jobdir.stage(job_root, stage_job, payload)
-    print(
-        json.dumps(probe(paths, accelerator, cpu_slots, check_efa, output_dir, check_fabric), sort_keys=True)
-    )
+    print(probe(paths, accelerator, cpu_slots, check_efa, output_dir, check_fabric).to_json())
     return 0

@@ -206,10 +206,15 @@ def default_identity(ssh_dir: Path) -> Path | None:
     return None
 
 
+# How long a shared connection outlives its last session: the survey closes them when the attempt
+# ends; this only bounds what a killed master leaves behind (a root ssh master process per node).
+CONTROL_PERSIST_S = 600
+
+
 def open_connections(hosts: Sequence[str], config: Path, timeout_s: float) -> list[str]:
     """Open one background master connection per node (in parallel) for the sessions to share;
     returns the hosts where that failed (their sessions then connect on their own). An idle one ends
-    by itself after 10 minutes, should the master die before closing it."""
+    by itself after CONTROL_PERSIST_S, should the master die before closing it."""
 
     def open_one(host: str) -> bool:
         argv = [
@@ -219,7 +224,7 @@ def open_connections(hosts: Sequence[str], config: Path, timeout_s: float) -> li
             "-o",
             "ControlMaster=yes",
             "-o",
-            "ControlPersist=yes",
+            f"ControlPersist={CONTROL_PERSIST_S}",
             "-N",
             "-f",
             host,
@@ -245,9 +250,10 @@ def open_connections(hosts: Sequence[str], config: Path, timeout_s: float) -> li
 
 
 def close_connections(hosts: Iterable[str], config: Path) -> None:
-    """End the shared connections (`ssh -O exit` talks to the local master process only: never waits
-    on an unreachable node)."""
-    for host in hosts:
+    """End the shared connections, all at once (`ssh -O exit` talks to the local master process only:
+    it never waits on an unreachable node)."""
+
+    def close_one(host: str) -> None:
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             subprocess.run(
                 ["ssh", "-F", str(config), "-O", "exit", host],
@@ -256,3 +262,8 @@ def close_connections(hosts: Iterable[str], config: Path) -> None:
                 timeout=5,
                 check=False,
             )
+
+    targets = list(hosts)
+    if targets:
+        with ThreadPoolExecutor(max_workers=min(64, len(targets))) as pool:
+            list(pool.map(close_one, targets))

@@ -10,7 +10,6 @@ The probe also stages the job's directory and private file on each node (from it
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import secrets
@@ -25,14 +24,37 @@ from pathlib import Path
 from typing import Any
 
 from gaudi_cluster.env import presets
-from gaudi_cluster.errors import ClusterNotReady, ConfigError
-from gaudi_cluster.launch.program import resolve_accelerator
-from gaudi_cluster.nodes import discovery, probe, ssh
+from gaudi_cluster.errors import ClusterNotReady
+from gaudi_cluster.nodes import checks, probe, ssh, world
+from gaudi_cluster.nodes.devices import resolve_accelerator
+from gaudi_cluster.nodes.discovery import LOOPBACK
+from gaudi_cluster.nodes.find import FindSettings, FoundNodes, find_nodes, local_only
 from gaudi_cluster.rank import jobdir
 from gaudi_cluster.settings.config import ClusterConfig
+from gaudi_cluster.wire.node_report import Interface, NodeReport, NodeReportError, placeholder_reports
 
 log = logging.getLogger("gaudi_cluster.nodes.survey")
-LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class SurveySettings:
+    """What the survey reads of the cluster's settings, and nothing else."""
+
+    find: FindSettings
+    wait_timeout: float
+    ssh_port: int
+    ssh_dir: str
+    accelerator: str
+    env_preset: str
+    socket_ifname: str | None
+    job_root: str
+    dry_run: bool
+
+    @classmethod
+    def from_config(cls, config: ClusterConfig) -> SurveySettings:
+        names = [name for name in cls.__dataclass_fields__ if name != "find"]
+        find = FindSettings(**{name: getattr(config, name) for name in FindSettings.__dataclass_fields__})
+        return cls(find=find, **{name: getattr(config, name) for name in names})
 
 
 @dataclass(frozen=True)
@@ -48,106 +70,49 @@ class NodeSurvey:
     hosts: tuple[str, ...]  # every node, master first
     requested_slots: Mapping[str, int | None]  # slots named by the peer list or settings; None: detect
     paths: tuple[str, ...]  # what must exist on every node
-    reports: Mapping[str, Mapping[str, Any]]
+    reports: Mapping[str, NodeReport]
     unreachable: Mapping[str, str]
     local: bool = False  # the only node is this one: no ssh anywhere
     this_node: str | None = None  # the entry of `hosts` that is this machine, if it runs ranks
     control_dir: Path | None = None  # the shared ssh connections' sockets (released by release())
+    # HCCL_SOCKET_IFNAME for the HPU presets: given, or the interface routing to the master; None: HCCL's.
+    hccl_socket_ifname: str | None = None
+    output_dir: str | None = None  # where the job writes (each probe measured its free disk there)
+
+    @property
+    def master_report(self) -> NodeReport | None:
+        return self.reports.get(self.master_addr) or self.reports.get(self.hosts[0])
+
+    def node_name(self, host: str) -> str:
+        """The host name a node's ranks report (its probe's), else the name the master reached it by."""
+        report = self.reports.get(host)
+        return report.name_or(host) if report else host
+
+    def preflight(self, env: Mapping[str, str], min_free_disk: int) -> list[checks.Finding]:
+        """The preflight findings for this survey: what the doctor prints and what blocks a launch."""
+        return checks.check_nodes(
+            self.reports,
+            self.unreachable,
+            self.requested_slots,
+            self.socket_ifname,
+            env,
+            self.paths,
+            min_free_disk=min_free_disk,
+        )
 
     def release(self) -> None:
-        """Close the shared ssh connections of this survey (idempotent)."""
+        """Close the shared ssh connections of this survey and remove their sockets (idempotent)."""
         if self.control_dir is not None and self.ssh_config is not None and self.control_dir.exists():
             ssh.close_connections(self.hosts, self.ssh_config)
             shutil.rmtree(self.control_dir, ignore_errors=True)
-
-    # HCCL_SOCKET_IFNAME for the HPU presets: given, or the interface routing to the master; None: HCCL's.
-    hccl_socket_ifname: str | None = None
-
-    @property
-    def master_report(self) -> Mapping[str, Any]:
-        return self.reports.get(self.master_addr) or self.reports.get(self.hosts[0], {})
 
 
 def new_job_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
 
 
-def _self_names(local_interfaces: Sequence[Mapping[str, Any]]) -> set[str]:
-    names = {socket.gethostname(), "localhost", LOOPBACK, "::1"}
-    with contextlib.suppress(OSError):
-        names.add(socket.getfqdn())
-    for interface in local_interfaces:
-        names.update(interface.get("addresses", []))
-    return names
-
-
-def discovery_spec(config: ClusterConfig, environ: Mapping[str, str]) -> discovery.DiscoverySpec | None:
-    if config.peers or config.peers_dns or config.hostfile:
-        return discovery.DiscoverySpec(peers=config.peers, dns=config.peers_dns, hostfile=config.hostfile)
-    return discovery.detect_source(environ)
-
-
-@dataclass(frozen=True)
-class _Nodes:
-    hosts: tuple[str, ...]
-    master_addr: str
-    requested_slots: dict[str, int | None]
-
-
-def _static_count_check(found: int, expected: int | None, source: str, lists_every_node: bool) -> None:
-    if expected is not None and found < expected:
-        total = found if lists_every_node else found + 1
-        raise ConfigError(
-            f"--nodes {expected if lists_every_node else expected + 1} but the {source} names only {total} "
-            f"node(s); fix: lower --nodes to {total} or list every node"
-        )
-
-
-def _find_nodes(
-    config: ClusterConfig, environ: Mapping[str, str], self_names: set[str], local_addr: str, deadline: float
-) -> _Nodes:
-    spec = discovery_spec(config, environ)
-    if spec is None:
-        if config.nodes and config.nodes > 1:
-            raise ConfigError(
-                f"--nodes {config.nodes} but no peer source; fix: set --peers, --peers-dns or --hostfile "
-                "(GAUDI_CLUSTER_PEERS / _PEERS_DNS / _HOSTFILE)"
-            )
-        return _Nodes(("localhost",), config.master_addr or LOOPBACK, {"localhost": config.slots})
-    lists_every_node = bool(spec.hostfile or spec.slurm or spec.mpi_operator)
-    source = discovery.describe_source(spec)
-
-    def discover() -> list[discovery.Peer]:
-        found = discovery.discover_once(spec, environ)
-        return found if lists_every_node else [p for p in found if p.host not in self_names]
-
-    expected = config.nodes if lists_every_node else (config.nodes - 1 if config.nodes else None)
-    if spec.dns:
-        peers = discovery.wait_for_peers(
-            discover, expected, max(0.0, deadline - time.monotonic()), source=source
-        )
-    else:
-        # A list does not grow while we wait: too short is bad input, now.
-        peers = discover()
-        _static_count_check(len(peers), expected, source, lists_every_node)
-    if expected is not None and len(peers) > expected:
-        log.info("using the first %d of the %d nodes in the %s (--nodes)", expected, len(peers), source)
-        peers = peers[:expected]
-    if config.slots is not None and any(p.slots for p in peers):
-        log.info("--slots %d overrides the slots in the %s", config.slots, source)
-    slots = {p.host: config.slots or p.slots for p in peers}
-    if lists_every_node:
-        return _Nodes(tuple(p.host for p in peers), config.master_addr or peers[0].host, slots)
-    master = config.master_addr or local_addr
-    return _Nodes((master, *(p.host for p in peers)), master, {master: config.slots, **slots})
-
-
-def _local_only(nodes: _Nodes, self_names: set[str]) -> bool:
-    return len(nodes.hosts) == 1 and nodes.hosts[0] in self_names
-
-
 def survey_nodes(
-    config: ClusterConfig,
+    config: SurveySettings,
     paths: Sequence[str],
     environ: Mapping[str, str],
     private: Mapping[str, Any] | None = None,
@@ -158,19 +123,17 @@ def survey_nodes(
     started = time.monotonic()
     deadline = started + config.wait_timeout
     local_interfaces = probe.interfaces()
-    socket_ifname = config.socket_ifname or presets.default_socket_ifname(
-        [i["name"] for i in local_interfaces]
-    )
+    socket_ifname = config.socket_ifname or presets.default_socket_ifname([i.name for i in local_interfaces])
     local_addr = next(
-        (i["addresses"][0] for i in local_interfaces if i["name"] == socket_ifname and i["addresses"]),
+        (i.addresses[0] for i in local_interfaces if i.name == socket_ifname and i.addresses),
         socket.gethostname(),
     )
-    self_names = _self_names(local_interfaces) | {local_addr}
-    nodes = _find_nodes(config, environ, self_names, local_addr, deadline)
-    local = _local_only(nodes, self_names)
+    self_names = world.self_names(local_interfaces) | {local_addr}
+    nodes = find_nodes(config.find, environ, self_names, local_addr, deadline, world.REAL_WORLD)
+    local = local_only(nodes, self_names)
     if local:
         host = nodes.hosts[0]
-        nodes = _Nodes(nodes.hosts, config.master_addr or LOOPBACK, nodes.requested_slots)
+        nodes = FoundNodes(nodes.hosts, config.find.master_addr or LOOPBACK, nodes.requested_slots)
         local_addr, socket_ifname = LOOPBACK, config.socket_ifname
         log.info("one node, this one (%s): launching locally, no ssh", host)
     else:
@@ -184,12 +147,12 @@ def survey_nodes(
         "requested_slots": nodes.requested_slots,
         "local": local,
         "hccl_socket_ifname": _hccl_socket_ifname(config, nodes.master_addr, local_interfaces, local),
+        "output_dir": output_dir,
     }
 
     if config.dry_run:
         # Nothing is contacted and nothing is written: slots come from the peer list or the settings.
-        kind = resolve_accelerator(config.accelerator, environ)
-        reports = {host: {"accelerator": kind, "slots": 1, "interfaces": []} for host in nodes.hosts}
+        reports = placeholder_reports(nodes.hosts, resolve_accelerator(config.accelerator, environ))
         job_dir = jobdir.job_dir(config.job_root, "dry-run")
         return NodeSurvey(
             job_id="dry-run",
@@ -212,7 +175,7 @@ def survey_nodes(
             None,
             _check_efa(config, environ),
             output_dir,
-            _check_fabric(config, environ),
+            _check_fabric(config),
         )
         return NodeSurvey(
             job_id=job_id,
@@ -252,12 +215,12 @@ def survey_nodes(
     )
 
 
-def _check_efa(config: ClusterConfig, environ: Mapping[str, str]) -> bool:
+def _check_efa(config: SurveySettings, environ: Mapping[str, str]) -> bool:
     return environ.get("HCCL_OVER_OFI") == "1" or config.env_preset == "efa"
 
 
 def _hccl_socket_ifname(
-    config: ClusterConfig, master_addr: str, local_interfaces: Sequence[Mapping[str, Any]], local: bool
+    config: SurveySettings, master_addr: str, local_interfaces: Sequence[Interface], local: bool
 ) -> str | None:
     """Given, else (across nodes, on HPU) the interface that routes to the master, never a Gaudi NIC."""
     if config.socket_ifname or local or config.accelerator not in ("auto", "hpu"):
@@ -266,13 +229,13 @@ def _hccl_socket_ifname(
     return presets.hccl_socket_ifname(route, local_interfaces)
 
 
-def _check_fabric(config: ClusterConfig, environ: Mapping[str, str]) -> bool:
+def _check_fabric(config: SurveySettings) -> bool:
     """Whether HPU nodes report their libfabric providers: `auto` picks efa only when it sees one."""
     return config.accelerator in ("auto", "hpu") and config.env_preset in ("auto", "efa", "hostnic")
 
 
 def probe_nodes(
-    config: ClusterConfig,
+    config: SurveySettings,
     hosts: Sequence[str],
     paths: Sequence[str],
     ssh_config: Path,
@@ -281,7 +244,7 @@ def probe_nodes(
     job_id: str,
     payload: Mapping[str, Any] | None,
     output_dir: str | None = None,
-) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+) -> tuple[dict[str, NodeReport], dict[str, str]]:
     """Run `gaudi-cluster probe` on every node at once: (reports by host, why-unreachable by host).
 
     With a payload (a launch, not the doctor), its stdin carries the job's private payload, which it
@@ -296,19 +259,23 @@ def probe_nodes(
         command += ["--output-dir", output_dir]
     if _check_efa(config, environ):
         command.append("--check-efa")
-    if _check_fabric(config, environ):
+    if _check_fabric(config):
         command.append("--check-fabric")
     timeout = max(10.0, deadline - time.monotonic())
     stdin = json.dumps(dict(payload)) if payload is not None else None
     results = ssh.run_on_hosts(hosts, command, ssh_config, timeout, stdin=stdin)
-    reports: dict[str, dict[str, Any]] = {}
+    reports: dict[str, NodeReport] = {}
     unreachable: dict[str, str] = {}
     for host, result in results.items():
         if not result.ok:
             unreachable[host] = ssh.explain_ssh_failure(result, config.ssh_port)
             continue
+        lines = result.stdout.strip().splitlines()
+        if not lines:
+            unreachable[host] = f"probe printed nothing: {result.stderr[-200:]!r}"
+            continue
         try:
-            reports[host] = json.loads(result.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            unreachable[host] = f"probe printed no JSON: {result.stdout[-200:]!r} {result.stderr[-200:]!r}"
+            reports[host] = NodeReport.from_json(lines[-1])
+        except NodeReportError as error:
+            unreachable[host] = f"probe report unreadable: {error}"
     return reports, unreachable

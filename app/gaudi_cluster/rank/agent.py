@@ -22,10 +22,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from gaudi_cluster.rank import jobdir, procgroup
+from gaudi_cluster.rank.conventions import output_dir_in, rank_identity, with_local_rank
 from gaudi_cluster.wire import protocol
 from gaudi_cluster.wire.channel import Channel, authenticate, connect
 from gaudi_cluster.wire.protocol import BEAT_INTERVAL_S
@@ -39,35 +40,6 @@ ORPHAN_GRACE_S = 0.0
 SIGNAL_GRACE_S = 15.0
 
 
-def with_local_rank(program: Sequence[str], local_rank: int) -> list[str]:
-    """The program with `--local_rank=N` right after its script or module, where DeepSpeed's
-    launch.py puts it (for scripts that still parse the flag instead of reading LOCAL_RANK)."""
-    argv = list(program)
-    at = 1
-    if os.path.basename(argv[0]).startswith("python"):
-        at = 1
-        while at < len(argv) and argv[at].startswith("-") and argv[at] != "-m":
-            at += 1
-        at += 2 if at < len(argv) and argv[at] == "-m" else 1
-    return [*argv[:at], f"--local_rank={local_rank}", *argv[at:]]
-
-
-def rank_identity(environ: Mapping[str, str]) -> tuple[int, int, int, int]:
-    """(rank, local_rank, world_size, local_world_size) from torch/deepspeed or OpenMPI variables."""
-
-    def first(*names: str, default: int) -> int:
-        for name in names:
-            if environ.get(name, "").strip():
-                return int(environ[name])
-        return default
-
-    rank = first("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", default=0)
-    local_rank = first("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", default=0)
-    world = first("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", default=1)
-    local_world = first("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", default=1)
-    return rank, local_rank, world, local_world
-
-
 class RankAgent:
     def __init__(
         self,
@@ -78,9 +50,12 @@ class RankAgent:
         heartbeat_timeout_s: float,
         connect_timeout_s: float = 30.0,
         local_rank_arg: bool = False,
+        output_dir: str | None = None,
     ) -> None:
         self.job_id = job_id
         self.program = list(program)
+        # The master names it (--output-dir); an agent started by hand reads it off the program.
+        self.output_dir = output_dir or output_dir_in(program) or os.getcwd()
         self.control_address = control
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.connect_timeout_s = connect_timeout_s
@@ -267,13 +242,11 @@ class RankAgent:
     def _note_full_disk(self) -> None:
         """A rank that dies writing to a full disk often says only `unexpected pos` (torch's zip
         writer): name the cause when its output directory's disk is full."""
-        argv = self.program
-        directory = next(
-            (argv[i + 1] for i, word in enumerate(argv[:-1]) if word == "--output_dir"), os.getcwd()
-        )
         with contextlib.suppress(OSError):
-            if shutil.disk_usage(directory).free < FULL_DISK_BYTES:
-                self.say(f"No space left on device: {directory} has less than 1 MiB free on {self.host}")
+            if shutil.disk_usage(self.output_dir).free < FULL_DISK_BYTES:
+                self.say(
+                    f"No space left on device: {self.output_dir} has less than 1 MiB free on {self.host}"
+                )
 
     def _report(self, code: int, signum: int | None) -> None:
         if self.channel is None:
@@ -327,6 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--local-rank-arg", action="store_true", help="pass --local_rank=N to the program, as DeepSpeed does"
     )
+    parser.add_argument("--output-dir", help="where the job writes (default: the program's --output_dir)")
     parser.add_argument("program", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
@@ -340,6 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.heartbeat_timeout,
         args.connect_timeout,
         local_rank_arg=args.local_rank_arg,
+        output_dir=args.output_dir,
     )
     return agent.run()
 

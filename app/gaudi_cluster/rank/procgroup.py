@@ -1,4 +1,5 @@
-"""The one way this project stops processes: a whole process group, SIGTERM, a grace, then SIGKILL.
+"""The one way this project stops processes: a whole process group (or one child that shares ours),
+SIGTERM, a grace, then SIGKILL.
 
 Every rank, launcher and leftover is started in a process group of its own, so stopping it never
 touches another job's processes (unlike a `pkill -f` on a name).
@@ -13,14 +14,19 @@ import time
 from collections.abc import Callable
 
 
-def group_alive(pgid: int) -> bool:
+def _answers(send: Callable[[int, int], None], target: int) -> bool:
+    """Whether signal 0 reaches `target` (a process we may not signal exists all the same)."""
     try:
-        os.killpg(pgid, 0)
+        send(target, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
     return True
+
+
+def group_alive(pgid: int) -> bool:
+    return _answers(os.killpg, pgid)
 
 
 def terminate(
@@ -29,19 +35,26 @@ def terminate(
     *,
     done: Callable[[], bool] | None = None,
     poll_s: float = 0.05,
+    group: bool = True,
 ) -> None:
     """SIGTERM process group `pgid`, wait up to grace_s, then SIGKILL whatever is left of it.
 
     `done` tells when the group's leader has ended (e.g. Popen.poll); children that outlive their
     leader (dataloader workers, a launcher's ssh sessions) are killed either way. A grace of 0 skips
-    straight to SIGKILL: for an abort, where nothing could be saved anyway.
+    straight to SIGKILL: for an abort, where nothing could be saved anyway. With group=False `pgid`
+    is one child's pid (one that shares its parent's group), signalled alone, and only while `done`
+    says it runs: once it is reaped its pid may belong to another process.
     """
-    finished = done or (lambda: not group_alive(pgid))
+    send = os.killpg if group else os.kill
+    finished = done or (lambda: not _answers(send, pgid))
+    if not group and finished():
+        return
     if grace_s > 0:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGTERM)
+            send(pgid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         while not finished() and time.monotonic() < deadline:
             time.sleep(poll_s)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
+    if group or not finished():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            send(pgid, signal.SIGKILL)

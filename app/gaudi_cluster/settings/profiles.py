@@ -6,20 +6,15 @@ profiles.json is the single source of the gaudi flavor's versions: `make image P
 release, `gaudi-cluster aws` takes the DL1 profile's release for its AMI, and docs/gaudi.md holds the
 table rendered here. `consistency_problems` is what keeps a pin set internally consistent (Synapse <->
 PyTorch <-> Habana's DeepSpeed branch <-> optimum-habana <-> the transformers range it declares).
-
-    python -m gaudi_cluster.settings.profiles docker-build dl1 --image-name gaudi-cluster \
-        --version 0.1.0 --git-rev abc
-    python -m gaudi_cluster.settings.profiles check | table | get dl1 synapse.version
+The build and the docs read it through `profiles_cli`. The one file read here is profiles.json itself:
+package data, as much a part of the code as this module.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
-import shlex
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +23,6 @@ from gaudi_cluster.errors import ConfigError
 
 MATRIX_PATH = Path(__file__).with_name("profiles.json")
 # Where the image records which profile it was built from (one word); the probe reads it.
-PROFILE_FILE = Path("/opt/gaudi-cluster/PROFILE")
 _SHA = re.compile(r"[0-9a-f]{40}")
 _VERSION = re.compile(r"[0-9]+(\.[0-9]+)*")
 GENERATIONS = ("gaudi1", "gaudi2", "gaudi3")
@@ -249,52 +243,3 @@ def markdown_table(matrix: Matrix) -> str:
             f"{d['optimum_habana']['version']} | {d['python_pins']['transformers']} |"
         )
     return "\n".join(rows)
-
-
-def image_profile(path: Path | None = None) -> str | None:
-    """The profile this image was built from, or None (the cpu flavor has none)."""
-    try:
-        return (path or PROFILE_FILE).read_text().strip() or None
-    except OSError:
-        return None
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m gaudi_cluster.settings.profiles", description=__doc__.split("\n")[0]
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    build = sub.add_parser("docker-build", help="print the docker build command of a profile (shell words)")
-    build.add_argument("profile")
-    build.add_argument("--image-name", default="gaudi-cluster")
-    build.add_argument("--version", required=True)
-    build.add_argument("--git-rev", required=True)
-    sub.add_parser("check", help="exit 1 when the matrix contradicts itself")
-    sub.add_parser("table", help="the 'which profile for which hardware' table (Markdown)")
-    get = sub.add_parser("get", help="one value of a profile, e.g. synapse.version")
-    get.add_argument("profile")
-    get.add_argument("key")
-    args = parser.parse_args(argv)
-    matrix = load()
-    problems = consistency_problems(matrix)
-    if problems:
-        for problem in problems:
-            print(f"profiles.json: {problem}", file=sys.stderr)
-        print("profiles.json: inconsistent; fix: correct the pins above", file=sys.stderr)
-        return 1
-    try:
-        if args.command == "docker-build":
-            profile = matrix.profile(args.profile)
-            print(shlex.join(docker_build_argv(profile, args.image_name, args.version, args.git_rev)))
-        elif args.command == "table":
-            print(markdown_table(matrix))
-        elif args.command == "get":
-            print(matrix.profile(args.profile).get(args.key))
-    except ConfigError as error:
-        print(f"gaudi_cluster.settings.profiles: error: {error}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

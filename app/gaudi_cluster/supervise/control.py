@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import logging
 import queue
 import socket
@@ -20,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gaudi_cluster.view.jobview import AgentState
 from gaudi_cluster.wire import protocol
 from gaudi_cluster.wire.channel import Channel
 
@@ -30,38 +32,15 @@ RECENT_WORK = 64
 MAX_WORK_HISTORY = 50_000  # per rank: the report's plot of a long job keeps its first 50k steps
 
 
-@dataclass
-class AgentState:
-    """What the master knows of one rank agent. Changed only by ControlServer, under its lock."""
-
-    host: str
-    rank: int
-    pid: int
-    channel: Channel
-    last_seen: float  # master's monotonic clock
-    step: int | None = None
-    # Seconds since the rank last made progress (a step, else output), as the agent measured it on
-    # its own node, and when the master received that figure: no two nodes' clocks are compared.
-    progress_age: float | None = None
-    progress_received: float | None = None
-    exited: bool = False
-    local_rank: int = 0
-    max_steps: int | None = None
-    samples_per_step: int | None = None
-    last_line: str = ""
-    # (step, seconds of this rank's own work): the recent ones for the live view, all for the report.
-    recent_work: tuple[tuple[int, float], ...] = ()
-    work_history: list[tuple[int, float]] = field(default_factory=list, repr=False)
-
-    def progress_age_now(self, now: float) -> float | None:
-        if self.progress_age is None or self.progress_received is None:
-            return None
-        return self.progress_age + (now - self.progress_received)
+class EventKind(enum.Enum):
+    HELLO = "hello"  # a rank's agent was admitted (detail: pid)
+    EXIT = "exit"  # a rank ended (detail: code, signal, tail, stop_reason)
+    LOST = "lost"  # a rank's connection closed or its heartbeats stopped (detail: reason)
 
 
 @dataclass(frozen=True)
 class ControlEvent:
-    kind: str  # hello | exit | lost
+    kind: EventKind
     host: str
     rank: int
     detail: dict[str, Any] = field(default_factory=dict)
@@ -92,6 +71,7 @@ class ControlServer:
         self._max_connections = len(self._expected) + SPARE_CONNECTIONS
         self._clock = clock
         self._agents: dict[int, AgentState] = {}
+        self._channels: dict[int, Channel] = {}  # rank -> its agent's connection, beside its state
         self._finished_work: dict[int, list[tuple[int, float]]] = {}
         self._open = 0
         self._logged: set[tuple[str, str]] = set()
@@ -129,7 +109,7 @@ class ControlServer:
     def stop_all(self, grace_s: float) -> None:
         """Ask every connected agent to stop its rank (SIGTERM, then SIGKILL after grace_s)."""
         with self._lock:
-            channels = [a.channel for a in self._agents.values()]
+            channels = list(self._channels.values())
         for channel in channels:
             channel.send({"type": "stop", "grace": grace_s})
 
@@ -142,7 +122,7 @@ class ControlServer:
         with contextlib.suppress(OSError):
             self._listener.close()
         with self._lock:
-            channels = [a.channel for a in self._agents.values()]
+            channels = list(self._channels.values())
         for channel in channels:
             channel.close()
 
@@ -183,7 +163,7 @@ class ControlServer:
             self._refuse(peer, str(refused))
             self._release()
             return
-        self.events.put(ControlEvent("hello", agent.host, agent.rank, {"pid": agent.pid}))
+        self.events.put(ControlEvent(EventKind.HELLO, agent.host, agent.rank, {"pid": agent.pid}))
         while (message := channel.receive()) is not None:
             why = protocol.problem(message)
             if why is not None or message["type"] == "hello":
@@ -196,10 +176,13 @@ class ControlServer:
             reported = agent.exited
             if self._agents.get(agent.rank) is agent:
                 del self._agents[agent.rank]  # the rank may reconnect (its agent retries)
+                del self._channels[agent.rank]
                 self._finished_work[agent.rank] = agent.work_history
         self._release()
         if not reported and not self._stopping.is_set():
-            self.events.put(ControlEvent("lost", agent.host, agent.rank, {"reason": "connection closed"}))
+            self.events.put(
+                ControlEvent(EventKind.LOST, agent.host, agent.rank, {"reason": "connection closed"})
+            )
 
     def _release(self) -> None:
         with self._lock:
@@ -231,7 +214,6 @@ class ControlServer:
             host=host,
             rank=rank,
             pid=hello["pid"],
-            channel=channel,
             last_seen=self._clock(),
             local_rank=hello.get("local_rank", 0),
         )
@@ -239,6 +221,7 @@ class ControlServer:
             if rank in self._agents:
                 raise Refused(f"rank {rank} is already connected")
             self._agents[rank] = agent
+            self._channels[rank] = channel
         channel.settimeout(None)
         channel.send(
             {"type": "welcome", "mac": protocol.welcome_mac(self._token, hello["nonce"], self.job_id, rank)}
@@ -247,10 +230,10 @@ class ControlServer:
 
     def _record(self, agent: AgentState, message: dict[str, Any]) -> None:
         now = self._clock()
-        kind = message["type"]
+        message_type = message["type"]
         with self._lock:
             agent.last_seen = now
-            if kind == "beat":
+            if message_type == "beat":
                 agent.step = message.get("step", agent.step)
                 if message.get("progress_age") is not None:
                     agent.progress_age, agent.progress_received = float(message["progress_age"]), now
@@ -262,11 +245,11 @@ class ControlServer:
                     agent.recent_work = (*agent.recent_work, *work)[-RECENT_WORK:]
                     if len(agent.work_history) < MAX_WORK_HISTORY:
                         agent.work_history.extend(work)
-            elif kind == "exit":
+            elif message_type == "exit":
                 agent.exited = True
-        if kind == "exit":
+        if message_type == "exit":
             detail = {**message, "tail": protocol.trimmed_tail(message.get("tail", []))}
-            self.events.put(ControlEvent("exit", agent.host, agent.rank, detail))
+            self.events.put(ControlEvent(EventKind.EXIT, agent.host, agent.rank, detail))
 
     def _beat_loop(self) -> None:
         while not self._stopping.wait(protocol.BEAT_INTERVAL_S):
@@ -274,13 +257,14 @@ class ControlServer:
             lost: list[tuple[AgentState, float]] = []
             with self._lock:
                 live = [a for a in self._agents.values() if not a.exited]
+                channels = [self._channels[a.rank] for a in live]
                 for agent in live:
                     silent_for = now - agent.last_seen
                     if silent_for > self.heartbeat_timeout_s:
                         agent.exited = True  # report a node once, not every second
                         lost.append((agent, silent_for))
-            for agent in live:
-                agent.channel.send({"type": "beat"})
+            for channel in channels:
+                channel.send({"type": "beat"})
             for agent, silent_for in lost:
                 reason = f"no heartbeat for {silent_for:.0f}s (network partition or frozen node)"
-                self.events.put(ControlEvent("lost", agent.host, agent.rank, {"reason": reason}))
+                self.events.put(ControlEvent(EventKind.LOST, agent.host, agent.rank, {"reason": reason}))

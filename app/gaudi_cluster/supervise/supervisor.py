@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import enum
 import logging
 import os
 import queue
@@ -25,7 +26,7 @@ from typing import TextIO
 from gaudi_cluster.errors import ClusterNotReady
 from gaudi_cluster.launch.plan import LaunchPlan
 from gaudi_cluster.rank import procgroup
-from gaudi_cluster.supervise.control import ControlEvent, ControlServer
+from gaudi_cluster.supervise.control import ControlEvent, ControlServer, EventKind
 from gaudi_cluster.supervise.outcome import JobOutcome, JobState, RankFailure, signal_name
 from gaudi_cluster.view.liveview import LiveView
 
@@ -34,6 +35,21 @@ log = logging.getLogger("gaudi_cluster.supervise.supervisor")
 # pdsh prefixes remote lines with "host: "; rank agents' lines already name host and rank.
 _PDSH_LINE = re.compile(r"^(?P<host>[^\s:]+): (?P<rest>.*)$")
 _RANK_PREFIX = re.compile(r"^\[[\w.-]+ rank \d+\] ")
+
+
+class SupervisorPhase(enum.Enum):
+    """Where one attempt is (`gaudi-cluster status` shows the value as the job's state)."""
+
+    STARTING = "starting"  # the launcher is being started
+    RUNNING = "running"  # ranks are checking in and working
+    ABORTING = "aborting"  # a failure: the ranks are being killed on every node
+    STOPPED = "stopped"  # told to stop: the ranks get their grace to save, then the attempt is over
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+    @classmethod
+    def ended(cls, state: JobState) -> SupervisorPhase:
+        return cls(state.value)
 
 
 @dataclass
@@ -80,7 +96,7 @@ class Supervisor:
         self.launcher_tail: collections.deque[str] = collections.deque(maxlen=30)
         self._signals: queue.SimpleQueue[int] = queue.SimpleQueue()
         self.view = LiveView(out, settings.status_interval_s, clock)
-        self.state = "starting"
+        self.state = SupervisorPhase.STARTING
 
     # --- output ---------------------------------------------------------------------------------
 
@@ -89,7 +105,7 @@ class Supervisor:
 
     def snapshot(self) -> dict[str, object]:
         """What `gaudi-cluster status` shows (called from the status socket's thread)."""
-        return self.view.snapshot(self.server.agents(), self.job_id, self.state)
+        return self.view.snapshot(self.server.agents(), self.job_id, self.state.value)
 
     def _pump_launcher(self) -> None:
         assert self.launcher is not None and self.launcher.stdout is not None
@@ -137,7 +153,8 @@ class Supervisor:
         pump = threading.Thread(target=self._pump_launcher, name="launcher-output", daemon=True)
         pump.start()
         outcome = self._watch(started)
-        self.state = outcome.state.value if outcome.state.value != "failed" else "aborting"
+        failed = outcome.state is JobState.FAILED
+        self.state = SupervisorPhase.ABORTING if failed else SupervisorPhase.ended(outcome.state)
         self._teardown(outcome)
         # The launcher's last lines. After an abort, do not wait for the end of its output: an ssh
         # session riding a shared connection hands its output pipe to that connection's process,
@@ -146,14 +163,14 @@ class Supervisor:
         self.view.close()
         for straggler in self.view.watch.flagged.values():
             self._print(f"gaudi-cluster: job {self.job_id}: {straggler.line()}")
-        self.state = outcome.state.value
+        self.state = SupervisorPhase.ended(outcome.state)
         return outcome
 
     def _watch(self, started: float) -> JobOutcome:
         ranks_seen: dict[int, str] = {}
         finished: set[int] = set()
         launcher_exit_seen_at: float | None = None
-        self.state = "running"
+        self.state = SupervisorPhase.RUNNING
         while True:
             agents = self.server.agents()
             self.view.tick(agents)
@@ -197,35 +214,32 @@ class Supervisor:
     def _handle(
         self, event: ControlEvent, ranks_seen: dict[int, str], finished: set[int]
     ) -> RankFailure | None:
-        if event.kind == "hello":
+        if event.kind is EventKind.HELLO:
             ranks_seen[event.rank] = event.host
             log.debug("rank %d checked in from %s", event.rank, event.host)
             if len(ranks_seen) == self.expected and self.on_all_started is not None:
                 threading.Thread(target=self.on_all_started, name="all-started", daemon=True).start()
                 self.on_all_started = None
             return None
-        if event.kind == "exit":
+        if event.kind is EventKind.EXIT:
             code = int(event.detail.get("code", 1))
             signum = event.detail.get("signal")
             tail = tuple(event.detail.get("tail") or ())
             if code == 0:
                 finished.add(event.rank)
                 return None
-            what = f"was killed by {signal_name(int(signum))}" if signum else f"exited with code {code}"
-            return RankFailure(event.host, event.rank, what, code, tail)
+            if signum:
+                return RankFailure.signalled(event.host, event.rank, int(signum), code, tail)
+            return RankFailure.exited(event.host, event.rank, code, tail)
         reason = event.detail.get("reason", "lost")
         self.lost_hosts.add(event.host)
-        return RankFailure(event.host, event.rank, f"lost contact: {reason}", 1)
+        return RankFailure.lost(event.host, event.rank, reason)
 
     def _launcher_failure(self, finished: int) -> RankFailure:
         assert self.launcher is not None
-        code = self.launcher.returncode
-        what = (
-            f"launcher exited with code {code} after {finished} of {self.expected} ranks finished"
-            if code
-            else f"launcher ended but only {finished} of {self.expected} ranks reported success"
+        return RankFailure.launcher_ended(
+            self.launcher.returncode, finished, self.expected, self.launcher_tail
         )
-        return RankFailure("master", None, what, code if code and code > 0 else 1, tuple(self.launcher_tail))
 
     def _check_timeouts(self, now: float, elapsed: float, ranks_seen: dict[int, str]) -> RankFailure | None:
         if len(ranks_seen) < self.expected and elapsed > self.settings.start_timeout_s:
@@ -236,26 +250,18 @@ class Supervisor:
                 if seen.get(host, 0) < slots
             ]
             # Agents report their hostname while the plan knows addresses: name both sides.
-            return RankFailure(
+            return RankFailure.never_started(
                 ", ".join(missing) or "?",
-                None,
-                f"ranks never checked in within {self.settings.start_timeout_s:.0f}s "
-                f"({len(ranks_seen)} of {self.expected} did)",
-                1,
-                tuple(self.launcher_tail),
+                len(ranks_seen),
+                self.expected,
+                self.settings.start_timeout_s,
+                self.launcher_tail,
             )
         for agent in self.server.agents():
             age = agent.progress_age_now(now)
             if agent.exited or age is None or age <= self.settings.stuck_timeout_s:
                 continue
-            at = f" at step {agent.step}" if agent.step is not None else ""
-            return RankFailure(
-                agent.host,
-                agent.rank,
-                f"is stuck{at}: no progress for {age:.0f}s "
-                f"(GAUDI_CLUSTER_STUCK_TIMEOUT={self.settings.stuck_timeout_s:.0f})",
-                1,
-            )
+            return RankFailure.stuck(agent.host, agent.rank, agent.step, age, self.settings.stuck_timeout_s)
         return None
 
     def _teardown(self, outcome: JobOutcome) -> None:
@@ -275,9 +281,9 @@ class Supervisor:
         while self.clock() < deadline and any(not agent.exited for agent in self.server.agents()):
             with contextlib.suppress(queue.Empty):
                 event = self.server.events.get(timeout=0.05)
-                if event.kind in ("exit", "lost"):
+                if event.kind in (EventKind.EXIT, EventKind.LOST):
                     self.server.mark_exited(event.rank)
-                    log.debug("rank %d %s after %.2fs", event.rank, event.kind, self.clock() - began)
+                    log.debug("rank %d %s after %.2fs", event.rank, event.kind.value, self.clock() - began)
         left = [agent.rank for agent in self.server.agents() if not agent.exited]
         log.debug("ranks confirmed after %.2fs; still unconfirmed: %s", self.clock() - began, left or "none")
         self._kill_launcher(grace_s=2.0 if stopping else 0.0)

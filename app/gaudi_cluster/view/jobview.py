@@ -13,22 +13,35 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 
-class AgentState(Protocol):
-    """What this module reads of the control server's per-rank state (control.AgentState)."""
+@dataclass
+class AgentState:
+    """What the master knows of one rank agent, from its hello and heartbeats. The control server
+    owns the live ones (and changes them only under its lock); everything else reads copies."""
 
     host: str
     rank: int
-    local_rank: int
-    step: int | None
-    max_steps: int | None
-    samples_per_step: int | None
-    last_seen: float
-    last_line: str
-    exited: bool
-    recent_work: tuple[tuple[int, float], ...]
+    pid: int
+    last_seen: float  # master's monotonic clock
+    step: int | None = None
+    # Seconds since the rank last made progress (a step, else output), as the agent measured it on
+    # its own node, and when the master received that figure: no two nodes' clocks are compared.
+    progress_age: float | None = None
+    progress_received: float | None = None
+    exited: bool = False
+    local_rank: int = 0
+    max_steps: int | None = None
+    samples_per_step: int | None = None
+    last_line: str = ""
+    # (step, seconds of this rank's own work): the recent ones for the live view, all for the report.
+    recent_work: tuple[tuple[int, float], ...] = ()
+    work_history: list[tuple[int, float]] = field(default_factory=list, repr=False)
+
+    def progress_age_now(self, now: float) -> float | None:
+        if self.progress_age is None or self.progress_received is None:
+            return None
+        return self.progress_age + (now - self.progress_received)
 
 
 SLOW_RATIO = 1.3

@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gaudi_cluster.wire.node_report import NodeReport
+
 log = logging.getLogger("gaudi_cluster.view.report")
 
 JSON_NAME = "job_report.json"
@@ -41,12 +43,23 @@ def phase_timings(points: Mapping[str, float | None]) -> dict[str, float]:
     return out
 
 
+def _node_row(host: str, slots: int, report: NodeReport | None) -> dict[str, Any]:
+    return {
+        "host": host,
+        "hostname": report.hostname if report else None,
+        "slots": slots,
+        "accelerator": report.accelerator if report else None,
+        "versions": dict(report.versions) if report else None,
+        "build_id": report.build_id if report else None,
+    }
+
+
 def build(
     *,
     job_id: str,
     state: str,
     exit_code: int,
-    reports: Mapping[str, Mapping[str, Any]],
+    reports: Mapping[str, NodeReport],
     ranks_by_host: Mapping[str, int],
     rank_hosts: Mapping[int, str],
     preset_names: Sequence[str],
@@ -61,17 +74,7 @@ def build(
         "job": job_id,
         "state": state,
         "exit_code": exit_code,
-        "nodes": [
-            {
-                "host": host,
-                "hostname": reports.get(host, {}).get("hostname"),
-                "slots": slots,
-                "accelerator": reports.get(host, {}).get("accelerator"),
-                "versions": reports.get(host, {}).get("versions"),
-                "build_id": reports.get(host, {}).get("build_id"),
-            }
-            for host, slots in ranks_by_host.items()
-        ],
+        "nodes": [_node_row(host, slots, reports.get(host)) for host, slots in ranks_by_host.items()],
         "ranks": [{"rank": rank, "hostname": name} for rank, name in sorted(rank_hosts.items())],
         "env_names": sorted(preset_names),
         "private_env_names": sorted(private_names),

@@ -1,0 +1,71 @@
+"""The rank agent's output directory: named by the master (--output-dir), else read off the program."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from gaudi_cluster.rank import agent
+from gaudi_cluster.rank.conventions import output_dir_in
+
+
+@pytest.mark.parametrize(
+    ("program", "found"),
+    [
+        pytest.param(["p.py", "--output_dir", "/out", "--lr", "1"], "/out", id="spaced"),
+        pytest.param(["p.py", "--output_dir=/out", "--lr", "1"], "/out", id="equals"),
+        pytest.param(["p.py", "--output_dir=/a=b"], "/a=b", id="equals-in-value"),
+        pytest.param(["p.py", "--lr", "1"], None, id="absent"),
+        pytest.param(["p.py", "--output_dir"], None, id="no-value"),
+        pytest.param(["p.py", "--output_dir_extra", "/x"], None, id="other-flag"),
+    ],
+)
+def test_output_dir_in_reads_both_spellings(program, found):
+    assert output_dir_in(program) == found
+
+
+def rank_agent(tmp_path: Path, program: list[str], output_dir: str | None) -> agent.RankAgent:
+    return agent.RankAgent("j1", program, None, tmp_path / "jobs", 10.0, output_dir=output_dir)
+
+
+def test_the_masters_output_dir_wins_over_the_programs(tmp_path):
+    named = rank_agent(tmp_path, ["p.py", "--output_dir=/from-program"], "/from-master")
+    assert named.output_dir == "/from-master"
+    assert rank_agent(tmp_path, ["p.py", "--output_dir=/from-program"], None).output_dir == "/from-program"
+    assert rank_agent(tmp_path, ["p.py"], None).output_dir == os.getcwd()
+
+
+def test_a_full_disk_is_named_where_the_job_writes(tmp_path, monkeypatch):
+    rank = rank_agent(tmp_path, ["p.py", "--output_dir=/elsewhere"], str(tmp_path))
+    asked, said = [], []
+    monkeypatch.setattr(rank, "say", said.append)
+
+    def disk_usage(path: str) -> SimpleNamespace:
+        asked.append(path)
+        return SimpleNamespace(total=1 << 30, used=(1 << 30) - 100, free=100)
+
+    monkeypatch.setattr(agent.shutil, "disk_usage", disk_usage)
+    rank._note_full_disk()
+    assert asked == [str(tmp_path)]
+    assert said == [f"No space left on device: {tmp_path} has less than 1 MiB free on {rank.host}"]
+
+
+def test_main_passes_output_dir_to_the_agent(monkeypatch, tmp_path):
+    seen: dict[str, object] = {}
+
+    class Recorder:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            seen.update(args=args, **kwargs)
+
+        def run(self) -> int:
+            return 0
+
+    monkeypatch.setattr(agent, "RankAgent", Recorder)
+    argv = ["--job-id", "j1", "--job-root", str(tmp_path), "--heartbeat-timeout", "10"]
+    assert agent.main([*argv, "--output-dir", "/out dir", "--", "p.py", "--output_dir=/x"]) == 0
+    assert seen["output_dir"] == "/out dir"
+    assert seen["args"][1] == ["p.py", "--output_dir=/x"]
+    assert agent.main([*argv, "--", "p.py"]) == 0
+    assert seen["output_dir"] is None
