@@ -1,4 +1,5 @@
-"""`gaudi-cluster doctor`: survey every node in parallel and print the preflight findings.
+"""`gaudi-cluster doctor`: survey every node in parallel and print the preflight findings (a table, or
+with --json the findings as JSON and nothing else).
 
 The checks themselves are pure and live in `checks`; the master runs the same ones before every
 launch (unless --skip-doctor), so what the doctor reports is what would block a job.
@@ -38,9 +39,8 @@ def run_doctor(
     # Which scale-out path the ranks would take, and why (`auto` decides from the master's probe).
     preset = f"{env_file.preset} ({env_file.preset_reason})"
     findings.append(checks.Finding(survey.hosts[0], "env preset", True, preset))
-    if not json_only:
-        out.write(checks.render_table(findings) + "\n\n")
-    out.write(checks.render_json(findings) + "\n")
+    # A person reads the table; a tool asks for --json and gets nothing else on stdout.
+    out.write((checks.render_json(findings) if json_only else checks.render_table(findings)) + "\n")
     problems = checks.blocking(findings)
     if problems:
         first = problems[0]

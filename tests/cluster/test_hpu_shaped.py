@@ -126,9 +126,9 @@ def master_forwards(cluster) -> dict[str, str]:
 
 
 def doctor(cluster, *flags: str) -> tuple[int, str, list[dict]]:
-    done = in_master(cluster, "gaudi-cluster", "doctor", *flags)
-    table, _, payload = done.stdout.partition("\n\n")
-    return done.returncode, table + done.stderr, json.loads(payload)
+    """(exit code, stderr, findings) of `doctor --json`."""
+    done = in_master(cluster, "gaudi-cluster", "doctor", "--json", *flags)
+    return done.returncode, done.stderr, json.loads(done.stdout)
 
 
 def test_efa_present_the_master_picks_efa_and_writes_slots_8_and_the_env_file(cluster):
@@ -154,7 +154,9 @@ def test_efa_present_the_master_picks_efa_and_writes_slots_8_and_the_env_file(cl
 def test_the_doctor_table_of_hpu_nodes(cluster):
     code, table, findings = doctor(cluster)
     assert code == 0, table
-    assert table.splitlines()[0].split()[:3] == ["HOST", "CHECK", "RESULT"]
+    shown = in_master(cluster, "gaudi-cluster", "doctor").stdout
+    assert shown.splitlines()[0].split()[:3] == ["HOST", "CHECK", "RESULT"]
+    assert all(f"{f['check']}" in shown for f in findings)
     by = {(f["host"], f["check"]): f for f in findings}
     hosts = {f["host"] for f in findings if f["check"] == "slots"}
     assert len(hosts) == 3
@@ -215,7 +217,7 @@ def test_hostnic_when_asked_needs_verbs(cluster):
         code, table, findings = doctor(cluster, "--env-preset", "hostnic")
         dry = in_master(cluster, "gaudi-cluster", "master", "--dry-run", "--env-preset", "hostnic", JOB)
         set_providers(cluster, "")
-        refused, refused_table, _ = doctor(cluster, "--env-preset", "hostnic")
+        refused, refused_err, refused_findings = doctor(cluster, "--env-preset", "hostnic")
     finally:
         set_providers(cluster, "efa\n")
     assert code == 0, table
@@ -238,7 +240,8 @@ def test_hostnic_when_asked_needs_verbs(cluster):
         "LD_LIBRARY_PATH": RANK_LIBRARY_PATH,
         "HCCL_SOCKET_IFNAME": "eth0",
     }
-    assert refused == 3 and "`fi_info -p verbs` finds no verbs provider" in refused_table
+    assert refused == 3, refused_err
+    assert any("`fi_info -p verbs` finds no verbs provider" in f["detail"] for f in refused_findings)
 
 
 def test_gaudi_direct_without_ofi_is_refused_before_anything_runs(cluster):

@@ -66,16 +66,29 @@ def assert_nothing_launched(done) -> None:
     assert "rank 0]" not in done.stdout and "deepspeed.launcher" not in done.stdout
 
 
-def test_doctor_reports_every_node_as_table_and_json(held):
+def ssh_clients_and_sockets(cluster) -> tuple[str, str]:
+    """The master's ssh client processes and shared-connection directories (sshd is not a client)."""
+    clients = run_in_master(cluster, "pgrep", "-a", "-x", "ssh").stdout.strip()
+    sockets = run_in_master(cluster, "sh", "-c", "ls -d /tmp/gc-ssh-* 2>/dev/null || true").stdout.strip()
+    return clients, sockets
+
+
+def test_doctor_reports_every_node_as_a_table_or_as_json_and_leaves_no_ssh_behind(held):
+    assert ssh_clients_and_sockets(held) == ("", "")
     done = run_in_master(held, "gaudi-cluster", "doctor")
     assert done.returncode == 0, done.stdout + done.stderr
-    table, _, payload = done.stdout.partition("\n\n")
-    assert table.splitlines()[0].split()[:3] == ["HOST", "CHECK", "RESULT"]
-    findings = json.loads(payload)
+    lines = done.stdout.splitlines()
+    assert lines[0].split()[:3] == ["HOST", "CHECK", "RESULT"]
+    assert not any(line.lstrip().startswith(("[", "{")) for line in lines), done.stdout
+    as_json = run_in_master(held, "gaudi-cluster", "doctor", "--json")
+    assert as_json.returncode == 0, as_json.stdout + as_json.stderr
+    findings = json.loads(as_json.stdout)  # the whole of stdout: JSON and nothing else
     hosts = {f["host"] for f in findings}
     assert len(hosts) == 3
     assert {f["check"] for f in findings} >= {"ssh", "slots", "interface", "workload"}
     assert all(f["ok"] or not f["blocking"] for f in findings)
+    # Each doctor opened one shared ssh connection per node; each ended them when it finished.
+    assert ssh_clients_and_sockets(held) == ("", "")
 
 
 @pytest.mark.parametrize(
