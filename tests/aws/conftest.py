@@ -3,14 +3,18 @@ boto3 pointed at it through AWS_ENDPOINT_URL with dummy credentials, and a clust
 
 moto 5.2.5 lacks a few things AWS has; the session fixture adds them to the emulator's own tables (the
 code under test runs unchanged): the dl1.24xlarge instance type and its zones, the Habana AMIs, the DL
-vCPU quota (L-6E869C2A), and DescribePlacementGroups answering "none" (these tests run with
---placement-group none; placement groups themselves are checked with botocore's Stubber).
+vCPU quota (L-6E869C2A), DescribePlacementGroups answering "none" (these tests run with
+--placement-group none; placement groups themselves are checked with botocore's Stubber), and consoles:
+GetConsoleOutput answers what a booted node prints (its ssh host keys, then "keys received"), or what a
+test sets for an instance by its Name tag.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
+import os
 import subprocess
 import urllib.request
 from collections.abc import Iterator
@@ -27,12 +31,46 @@ DL_QUOTA = "L-6E869C2A"
 # What the emulated account's DL vCPU quota is; a test lowers it to see `up` refuse.
 QUOTAS: dict[str, float] = {}
 DEFAULT_DL_QUOTA = 384.0
+# What an instance prints on its console, by Name tag, when a test says so; the host keys a booted
+# instance prints otherwise (made up once per instance id).
+CONSOLES: dict[str, str] = {}
+HOST_KEYS: dict[str, str] = {}
+
+
+def made_up_host_key(kind: str = "ssh-ed25519") -> str:
+    """A well-formed ssh public key line of random bytes: the blob holds the type's fields (the type
+    itself, then the key: ed25519's 32 bytes, or an ECDSA curve name and point)."""
+    fields = [kind.encode()]
+    fields += [os.urandom(32)] if kind == "ssh-ed25519" else [kind.rsplit("-", 1)[1].encode(), os.urandom(65)]
+    blob = b"".join(len(field).to_bytes(4, "big") + field for field in fields)
+    return f"{kind} {base64.b64encode(blob).decode()}"
+
+
+def booted_console(host_key: str, keyed: bool = True) -> str:
+    """A DL1 first boot as cloud-init prints it on Ubuntu, then our node's line once it has its keys."""
+    from gaudi_cluster.aws.userdata import HOST_KEYS_BEGIN, HOST_KEYS_END, KEYS_RECEIVED
+
+    lines = [
+        "[    0.000000] Linux version 5.15.0-1051-aws (buildd@lcy02-amd64-008) #56~20.04.1-Ubuntu",
+        "[   14.201337] cloud-init[1042]: Cloud-init v. 23.1.2 running 'modules:config'",
+        "ci-info: no authorized SSH keys fingerprints found for user ubuntu.",
+        HOST_KEYS_BEGIN,
+        f"{made_up_host_key('ecdsa-sha2-nistp256')} root@ip-172-31-0-10",
+        f"{host_key} root@ip-172-31-0-10",
+        HOST_KEYS_END,
+        "[   15.702114] cloud-init[1042]: Cloud-init v. 23.1.2 finished",
+    ]
+    if keyed:
+        lines.append(KEYS_RECEIVED)
+    return "\n".join(lines) + "\n"
 
 
 def _teach_moto(amis_path: Path) -> None:
     from moto.core.responses import ActionResult
+    from moto.core.utils import utcnow
     from moto.ec2.models import amis, instance_types
     from moto.ec2.responses import EC2Response
+    from moto.ec2.utils import Base64EncodedString
     from moto.servicequotas.exceptions import NoSuchResource
     from moto.servicequotas.models import ServiceQuotasBackend
 
@@ -69,6 +107,18 @@ def _teach_moto(amis_path: Path) -> None:
         return ActionResult({"PlacementGroups": []})
 
     EC2Response.describe_placement_groups = describe_placement_groups  # type: ignore[attr-defined]
+
+    def get_console_output(self: Any) -> ActionResult:
+        instance = self.ec2_backend.get_instance(self._get_param("InstanceId"))
+        name = self.ec2_backend.tags.get(instance.id, {}).get("Name")
+        if name in CONSOLES:
+            text = CONSOLES[name]
+        else:
+            text = booted_console(HOST_KEYS.setdefault(instance.id, made_up_host_key()))
+        output = Base64EncodedString.from_raw_string(text)
+        return ActionResult({"InstanceId": instance.id, "Timestamp": utcnow(), "Output": output})
+
+    EC2Response.get_console_output = get_console_output  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="session")
@@ -128,6 +178,32 @@ class Aws:
     def private_key(self) -> bytes:
         return (self.keys_dir / "id_ed25519").read_bytes()
 
+    @property
+    def host_key(self) -> bytes:
+        return (self.keys_dir / "ssh_host_ed25519_key").read_bytes()
+
+    def impostor_at(self, host: str) -> None:
+        """The ssh config's `host` answers with a host key other than its pinned one."""
+        with (self.ssh_log / "impostors").open("a") as listed:
+            listed.write(f"{host}\n")
+
+    def sent_to(self) -> list[tuple[str, bytes | None]]:
+        """Each ssh call's host, and what it received on stdin (None: nothing was read)."""
+        calls = sorted(self.ssh_log.glob("argv.*"), key=lambda p: int(p.suffix[1:]))
+        stdin = [self.ssh_log / p.name.replace("argv", "stdin") for p in calls]
+        return [
+            (p.read_text().splitlines()[2], s.read_bytes() if s.exists() else None)
+            for p, s in zip(calls, stdin, strict=True)
+        ]
+
+    def console(self, name: str, text: str) -> None:
+        """What the instance tagged Name=`name` prints on its console from now on."""
+        CONSOLES[name] = text
+
+    def host_keys_printed(self, instance_id: str) -> str:
+        """The made-up ed25519 host key the instance printed on its (default) console."""
+        return HOST_KEYS[instance_id]
+
     def set_dl_quota(self, vcpus: float) -> None:
         QUOTAS[DL_QUOTA] = vcpus
 
@@ -136,30 +212,28 @@ class Aws:
 def cluster_keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("keys") / ".keys"
     directory.mkdir(mode=0o700)
-    subprocess.run(
-        [
-            "ssh-keygen",
-            "-q",
-            "-t",
-            "ed25519",
-            "-N",
-            "",
-            "-C",
-            "gaudi-cluster",
-            "-f",
-            str(directory / "id_ed25519"),
-        ],
-        check=True,
-        stdin=subprocess.DEVNULL,
-    )
+    # As `make keys` makes them: the client key pair and the cluster's host identity.
+    for name, comment in (("id_ed25519", "gaudi-cluster"), ("ssh_host_ed25519_key", "gaudi-cluster-host")):
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(directory / name)],
+            check=True,
+            stdin=subprocess.DEVNULL,
+        )
     return directory
 
 
 FAKE_SSH = """#!/bin/bash
-# Records each ssh call (argv, one per line; stdin) instead of connecting.
+# Records each ssh call (argv, one per line; stdin) instead of connecting. A host named in
+# $log/impostors answers with a host key that is not the pinned one: refused as OpenSSH refuses it,
+# before anything is read from stdin.
 log={log}
 n=$(find "$log" -name 'argv.*' | wc -l)
 printf '%s\\n' "$@" >"$log/argv.$n"
+if grep -qx -- "$3" "$log/impostors" 2>/dev/null; then
+	echo "@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @" >&2
+	echo "Host key verification failed." >&2
+	exit 255
+fi
 cat >"$log/stdin.$n"
 """
 
@@ -172,6 +246,7 @@ def aws(moto_endpoint: str, cluster_keys: Path, tmp_path: Path, monkeypatch: pyt
     urllib.request.urlopen(urllib.request.Request(f"{moto_endpoint}/moto-api/reset", method="POST")).read()
     QUOTAS.clear()
     QUOTAS[DL_QUOTA] = DEFAULT_DL_QUOTA
+    CONSOLES.clear()
     empty = tmp_path / "empty-aws-config"
     empty.write_text("")
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_DEFAULT_PROFILE"):
@@ -200,3 +275,22 @@ def aws(moto_endpoint: str, cluster_keys: Path, tmp_path: Path, monkeypatch: pyt
     )
     state.client("iam").create_instance_profile(InstanceProfileName="gaudi-node")
     return state
+
+
+@dataclass
+class Run:
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+def run(capsys):
+    def invoke(*argv: str) -> Run:
+        from gaudi_cluster.aws import cli
+
+        code = cli.main(list(argv))
+        captured = capsys.readouterr()
+        return Run(code, captured.out, captured.err)
+
+    return invoke

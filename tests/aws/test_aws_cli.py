@@ -49,11 +49,17 @@ def error_line(capsys) -> str:
             "--key-delivery ssh needs ssh ingress from your address; fix: --ssh-cidr",
         ),
         (["plan", *PLAN[1:], "--ssh-cidr", "0.0.0.0/0"], "would open ssh to the whole internet"),
-        (["plan", *PLAN[1:], "--key-delivery", "ssm"], "--key-delivery ssm reads from AWS on the nodes"),
+        (
+            ["plan", *PLAN[1:], "--ssh-cidr", "0.0.0.0/1"],
+            "--ssh-cidr 0.0.0.0/1 is wider than /16 (2,147,483,648 addresses could try port 22); "
+            "fix: --ssh-cidr YOUR.IP.ADDR.ESS/32, or --allow-wide-ssh-source if that is meant",
+        ),
+        (["up", *PLAN[1:], "--ssh-cidr", "10.0.0.0/8"], "--ssh-cidr 10.0.0.0/8 is wider than /16"),
         (
             ["up", *PLAN[1:], "--keys", "/nonexistent/keys"],
             "no cluster key in /nonexistent/keys; fix: make keys",
         ),
+        (["plan", *PLAN[1:], "--key-delivery", "ssm"], "--key-delivery ssm reads from AWS on the nodes"),
         (["down", "Bad_Id"], "cluster id 'Bad_Id'"),
         (["status", "demo", "--region", "moon"], "--region 'moon' is not an AWS region name"),
         (["launch"], "invalid choice: 'launch'"),
@@ -64,6 +70,15 @@ def test_bad_input_is_one_line_exit_2_and_reaches_no_cloud(offline, capsys, argv
     line = error_line(capsys)
     assert fragment in line
     assert "; fix: " in line
+
+
+@pytest.mark.parametrize("command", ["plan", "up"])
+def test_a_wide_ssh_source_is_taken_when_the_user_says_so(offline, command, cluster_keys):
+    # Past every input check: the next step is connecting to AWS (refused by the `offline` fixture).
+    argv = [command, *PLAN[1:], "--ssh-cidr", "0.0.0.0/1", "--allow-wide-ssh-source"]
+    argv += ["--keys", str(cluster_keys)] if command == "up" else []
+    with pytest.raises(AssertionError, match="connected to AWS"):
+        cli.main(argv)
 
 
 def test_up_refuses_a_missing_run_node_script(offline, capsys, cluster_keys, tmp_path):

@@ -1,40 +1,63 @@
-"""Delivering the cluster key over ssh: on stdin only, retried while a node boots, never logged."""
+"""Delivering the secret keys over ssh: on stdin only, the client key to the master alone, to host keys
+pinned from each instance's console and checked strictly, retried while a node boots, never logged."""
 
 from __future__ import annotations
 
+import io
 import logging
 import shutil
 import subprocess
+import tarfile
 
 import pytest
 from gaudi_cluster.aws import keys
-from gaudi_cluster.aws.keys import ClusterKey, deliver_over_ssh, read_cluster_key, write_ssh_config
+from gaudi_cluster.aws.keys import (
+    ClusterKeys,
+    Delivery,
+    SshHost,
+    deliver_over_ssh,
+    read_cluster_keys,
+    read_pins,
+    write_pins,
+    write_ssh_config,
+)
 from gaudi_cluster.errors import ClusterNotReady, ConfigError, GaudiClusterError
 
+from tests.aws.conftest import made_up_host_key
 from tests.support.keys import pem_label
 
-KEY = ClusterKey(
-    private=b"stand-in for the cluster key c2VjcmV0\n",  # what is delivered is opaque bytes
-    public="ssh-ed25519 AAAA",
+KEYS = ClusterKeys(
+    client_private=b"stand-in for the client key c2VjcmV0\n",  # what is delivered is opaque bytes
+    client_public="ssh-ed25519 AAAA client",
+    host_private=b"stand-in for the host key aG9zdA==\n",
+    host_public="ssh-ed25519 BBBB host",
 )
+MASTER = SshHost("master", "198.51.100.7", "i-0000000000000000a")
+WORKER = SshHost("node-1", "10.0.0.11", "i-0000000000000000b")
 
 
 class FakeSsh:
-    """Answers ssh calls from a script of exit codes; records argv and stdin."""
+    """Answers ssh calls from a script of (exit code, stderr); records argv and stdin."""
 
-    def __init__(self, codes: list[int]) -> None:
-        self.codes = codes
+    def __init__(self, answers: list[tuple[int, bytes]]) -> None:
+        self.answers = answers
         self.calls: list[tuple[list[str], bytes]] = []
 
     def __call__(self, argv, input, capture_output, check):
         self.calls.append((argv, input))
-        code = self.codes.pop(0)
-        stderr = (
-            b"ssh: connect to host 198.51.100.7 port 22: Connection refused\n"
-            if code == 255
-            else b"sudo: a password is required\n"
-        )
-        return subprocess.CompletedProcess(argv, code, b"", stderr if code else b"")
+        code, stderr = self.answers.pop(0)
+        return subprocess.CompletedProcess(argv, code, b"", stderr)
+
+
+REFUSED = (255, b"ssh: connect to host 198.51.100.7 port 22: Connection refused\n")
+OK = (0, b"")
+CHANGED = (
+    255,
+    b"@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@\n"
+    b"@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @\n"
+    b"Host key for i-0000000000000000b has changed and you have requested strict checking.\n"
+    b"Host key verification failed.\n",
+)
 
 
 class Clock:
@@ -48,23 +71,56 @@ class Clock:
         self.now += seconds
 
 
-def test_the_key_travels_on_stdin_master_first_and_is_never_logged(tmp_path, caplog):
-    config = write_ssh_config(tmp_path, "ubuntu", None, "198.51.100.7", {"node-1": "10.0.0.11"})
-    ssh = FakeSsh([255, 0, 0])
+def deliveries() -> list[Delivery]:
+    return [
+        Delivery(MASTER, KEYS.secrets_for("master")),
+        Delivery(WORKER, KEYS.secrets_for("worker"), ("id_ed25519",)),
+    ]
+
+
+def unpack(payload: bytes) -> dict[str, tuple[bytes, int]]:
+    with tarfile.open(fileobj=io.BytesIO(payload)) as tar:
+        return {m.name: (tar.extractfile(m).read(), m.mode) for m in tar.getmembers()}
+
+
+def test_the_master_alone_gets_the_client_key_on_stdin_and_nothing_is_logged(tmp_path, caplog):
+    config = write_ssh_config(tmp_path, "ubuntu", None, MASTER, [WORKER])
+    ssh = FakeSsh([REFUSED, OK, OK])
     clock = Clock()
     with caplog.at_level(logging.DEBUG):
-        deliver_over_ssh(
-            ["master", "node-1"], KEY, config, deadline=60, run=ssh, clock=clock, sleep=clock.sleep
-        )
+        deliver_over_ssh(deliveries(), config, deadline=60, run=ssh, clock=clock, sleep=clock.sleep)
     assert [argv[3] for argv, _ in ssh.calls] == ["master", "master", "node-1"]
-    assert all(stdin == KEY.private for _, stdin in ssh.calls)
-    assert all(b"c2VjcmV0" not in " ".join(argv).encode() for argv, _ in ssh.calls)
-    assert "c2VjcmV0" not in caplog.text and "PRIVATE" not in caplog.text
-    assert "cluster key delivered to node-1 over ssh" in caplog.text
+    master, worker = unpack(ssh.calls[1][1]), unpack(ssh.calls[2][1])
+    assert master == {
+        "id_ed25519": (KEYS.client_private, 0o600),
+        "ssh_host_ed25519_key": (KEYS.host_private, 0o600),
+    }
+    assert worker == {"ssh_host_ed25519_key": (KEYS.host_private, 0o600)}
+    # A worker of an older cluster held the client key: it is removed there.
+    assert 'rm -f "$d/id_ed25519"' in ssh.calls[2][0][4] and "rm -f" not in ssh.calls[1][0][4]
+    for argv, _ in ssh.calls:
+        assert b"c2VjcmV0" not in " ".join(argv).encode() and b"aG9zdA" not in " ".join(argv).encode()
+    assert "c2VjcmV0" not in caplog.text and "aG9zdA" not in caplog.text and "PRIVATE" not in caplog.text
+    assert "keys delivered to node-1 (i-0000000000000000b) over ssh: ssh_host_ed25519_key" in caplog.text
+
+
+def test_a_host_key_other_than_the_pinned_one_is_refused_named_and_not_retried(tmp_path):
+    config = write_ssh_config(tmp_path, "ubuntu", None, MASTER, [WORKER])
+    ssh = FakeSsh([OK, CHANGED])
+    with pytest.raises(GaudiClusterError) as refused:
+        deliver_over_ssh(deliveries(), config, deadline=60, run=ssh, clock=Clock(), sleep=lambda _: None)
+    message = str(refused.value)
+    assert message.startswith(
+        "node-1 (i-0000000000000000b) at 10.0.0.11 answered ssh with a host key its console did not print; "
+        "nothing was sent to it; fix: "
+    )
+    assert "aws ec2 get-console-output --latest --output text --instance-id i-0000000000000000b" in message
+    assert len(ssh.calls) == 2  # no retry: a wrong key is not a node still booting
+    assert not isinstance(refused.value, ClusterNotReady)
 
 
 def test_ssh_that_never_connects_fails_at_the_deadline(tmp_path):
-    config = write_ssh_config(tmp_path, "ubuntu", None, "198.51.100.7", {})
+    config = write_ssh_config(tmp_path, "ubuntu", None, MASTER, [])
     clock = Clock()
     with pytest.raises(
         ClusterNotReady,
@@ -72,57 +128,99 @@ def test_ssh_that_never_connects_fails_at_the_deadline(tmp_path):
         r"fix: check --ssh-cidr",
     ):
         deliver_over_ssh(
-            ["master"], KEY, config, deadline=20, run=FakeSsh([255] * 10), clock=clock, sleep=clock.sleep
+            deliveries()[:1], config, deadline=20, run=FakeSsh([REFUSED] * 10), clock=clock, sleep=clock.sleep
         )
 
 
 def test_a_remote_failure_is_not_retried(tmp_path):
-    config = write_ssh_config(tmp_path, "ubuntu", None, "198.51.100.7", {})
-    ssh = FakeSsh([1])
+    config = write_ssh_config(tmp_path, "ubuntu", None, MASTER, [])
+    ssh = FakeSsh([(1, b"sudo: a password is required\n")])
     with pytest.raises(
-        GaudiClusterError,
-        match="writing the cluster key on master failed: sudo: a password is required; fix:",
+        GaudiClusterError, match="writing the keys on master failed: sudo: a password is required; fix:"
     ):
-        deliver_over_ssh(["master"], KEY, config, deadline=60, run=ssh, clock=Clock(), sleep=lambda _: None)
+        deliver_over_ssh(deliveries()[:1], config, deadline=60, run=ssh, clock=Clock(), sleep=lambda _: None)
     assert len(ssh.calls) == 1
 
 
-def test_workers_are_reached_through_the_master_with_per_cluster_host_trust(tmp_path):
+def test_the_ssh_config_pins_each_instance_and_checks_strictly(tmp_path):
     identity = tmp_path / "me.pem"
-    config = write_ssh_config(
-        tmp_path / "state", "ubuntu", identity, "198.51.100.7", {"node-1": "10.0.0.11"}, "ssh"
-    )
+    config = write_ssh_config(tmp_path / "state", "ubuntu", identity, MASTER, [WORKER], "ssh")
     text = config.read_text()
-    assert "Host master\n  HostName 198.51.100.7\n" in text
-    assert "Host node-1\n  HostName 10.0.0.11\n  ProxyCommand ssh -F " in text and "-W %h:%p master" in text
-    assert text.count("StrictHostKeyChecking accept-new") == 2
-    assert f"UserKnownHostsFile {tmp_path / 'state' / 'known_hosts'}" in text
-    assert f"IdentityFile {identity}" in text
+    assert "Host master\n  HostName 198.51.100.7\n  HostKeyAlias i-0000000000000000a\n" in text
+    assert (
+        "Host node-1\n  HostName 10.0.0.11\n  HostKeyAlias i-0000000000000000b\n  ProxyCommand ssh -F "
+        in text
+    )
+    assert "-W %h:%p master" in text
+    assert "accept-new" not in text and text.count("StrictHostKeyChecking yes") == 2
     assert config.stat().st_mode & 0o777 == 0o600
+    # What OpenSSH itself makes of it (ssh -G prints the options it would use; it connects nowhere).
+    known_hosts = tmp_path / "state" / "known_hosts"
+    for host, alias in (("master", MASTER.instance_id), ("node-1", WORKER.instance_id)):
+        shown = subprocess.run(
+            ["ssh", "-G", "-F", str(config), host], capture_output=True, text=True, check=True
+        ).stdout.splitlines()
+        options = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in shown if " " in line}
+        assert options["stricthostkeychecking"] == "true", host
+        assert options["hostkeyalias"] == alias, host
+        assert options["userknownhostsfile"] == str(known_hosts), host
+        assert options["updatehostkeys"] == "false" and options["checkhostip"] == "no", host
+        assert options["identityfile"] == str(identity), host
 
 
-def test_the_remote_command_writes_the_key_0600_and_the_public_half_last(tmp_path):
+def test_pins_round_trip_and_openssh_finds_them(tmp_path):
+    key = made_up_host_key()
+    known_hosts = tmp_path / "known_hosts"
+    write_pins(known_hosts, {WORKER.instance_id: (key,), MASTER.instance_id: (made_up_host_key(),)})
+    assert read_pins(known_hosts)[WORKER.instance_id] == (key,)
+    assert known_hosts.stat().st_mode & 0o777 == 0o600
+    found = subprocess.run(
+        ["ssh-keygen", "-F", WORKER.instance_id, "-f", str(known_hosts)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert found.returncode == 0 and key in found.stdout
+
+
+def test_the_remote_command_moves_each_file_in_whole_0600(tmp_path):
     # Run the remote side locally (without sudo) against a scratch directory.
-    if shutil.which("ssh-keygen") is None:
-        pytest.fail("ssh-keygen is needed; fix: apt-get install -y openssh-client")
-    source = tmp_path / "src"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(source)], check=True)
     target = tmp_path / "keys"
-    command = keys.INSTALL_KEY.replace("sudo ", "", 1).replace(keys.NODE_KEYS_DIR, str(target))
-    subprocess.run(["bash", "-c", command], input=source.read_bytes(), check=True)
-    assert (target / "id_ed25519").read_bytes() == source.read_bytes()
-    assert (target / "id_ed25519").stat().st_mode & 0o777 == 0o600
-    assert (target / "id_ed25519.pub").read_text().split()[:2] == source.with_suffix(
-        ".pub"
-    ).read_text().split()[:2]
+    target.mkdir()
+    (target / "id_ed25519").write_bytes(b"a client key an older gaudi-cluster left on a worker\n")
+    (target / "id_ed25519.pub").write_text("ssh-ed25519 AAAA client\n")
+    command = keys.install_command(["id_ed25519"]).replace("sudo ", "", 1)
+    command = command.replace(keys.NODE_KEYS_DIR, str(target))
+    payload = keys.bundle(KEYS.secrets_for("worker"))
+    subprocess.run(["bash", "-c", command], input=payload, check=True)
+    assert sorted(p.name for p in target.iterdir()) == ["id_ed25519.pub", "ssh_host_ed25519_key"]
+    assert (target / "ssh_host_ed25519_key").read_bytes() == KEYS.host_private
+    assert (target / "ssh_host_ed25519_key").stat().st_mode & 0o777 == 0o600
 
 
-def test_reading_the_cluster_key(tmp_path, cluster_keys):
-    assert pem_label(read_cluster_key(cluster_keys).private) == "OPENSSH PRIVATE KEY"
+def test_reading_the_cluster_keys(tmp_path, cluster_keys):
+    read = read_cluster_keys(cluster_keys)
+    assert pem_label(read.client_private) == pem_label(read.host_private) == "OPENSSH PRIVATE KEY"
+    assert read.public_keys() == {
+        "id_ed25519.pub": (cluster_keys / "id_ed25519.pub").read_text().strip(),
+        "ssh_host_ed25519_key.pub": (cluster_keys / "ssh_host_ed25519_key.pub").read_text().strip(),
+    }
+    assert set(read.secrets_for("master")) == {"id_ed25519", "ssh_host_ed25519_key"}
+    assert set(read.secrets_for("worker")) == {"ssh_host_ed25519_key"}
+    assert "PRIVATE" not in repr(read)
     with pytest.raises(ConfigError, match=r"no cluster key in .*; fix: make keys"):
-        read_cluster_key(tmp_path)
+        read_cluster_keys(tmp_path)
+    old = tmp_path / "old"
+    shutil.copytree(cluster_keys, old)
+    (old / "ssh_host_ed25519_key").unlink()
+    with pytest.raises(
+        ConfigError, match=r"no cluster host key in .* \(ssh_host_ed25519_key\); fix: make keys \(it adds"
+    ):
+        read_cluster_keys(old)
     loose = tmp_path / "loose"
     shutil.copytree(cluster_keys, loose)
-    (loose / "id_ed25519").chmod(0o644)
-    with pytest.raises(ConfigError, match=r"readable by others \(mode 0644\); fix: chmod 600"):
-        read_cluster_key(loose)
+    (loose / "ssh_host_ed25519_key").chmod(0o644)
+    with pytest.raises(
+        ConfigError, match=r"cluster host key .* is readable by others \(mode 0644\); fix: chmod"
+    ):
+        read_cluster_keys(loose)

@@ -7,134 +7,25 @@ alone: the exact security-group rules, the tags, the Elastic IP, the user data, 
 
 from __future__ import annotations
 
-import base64
-from dataclasses import dataclass
-from typing import Any
-
 import pytest
-from botocore.exceptions import ClientError
-from gaudi_cluster.aws import cli, ec2
 from gaudi_cluster.aws.facts import TAG_CLUSTER, TAG_NODE, TAG_ROLE
+from gaudi_cluster.aws.keys import read_pins
 
+from tests.aws.conftest import booted_console, made_up_host_key
 from tests.aws.dl1_facts import DL1, NEWEST_MATCHING_AMI
-
-CIDR = "203.0.113.7/32"
-FLAGS = ["--placement-group", "none", "--ssh-cidr", CIDR, "--key-name", "me"]
-
-
-@dataclass
-class Run:
-    code: int
-    out: str
-    err: str
-
-
-@pytest.fixture
-def run(capsys):
-    def invoke(*argv: str) -> Run:
-        code = cli.main(list(argv))
-        captured = capsys.readouterr()
-        return Run(code, captured.out, captured.err)
-
-    return invoke
-
-
-def up_args(aws, nodes: int = 2, *extra: str) -> list[str]:
-    return ["up", "--nodes", str(nodes), *FLAGS, "--keys", str(aws.keys_dir), *extra]
-
-
-def tags_of(resource: dict[str, Any]) -> dict[str, str]:
-    return {t["Key"]: t["Value"] for t in resource.get("Tags", [])}
-
-
-def instances(aws, cluster: str = "gaudi") -> list[dict[str, Any]]:
-    pages = aws.client("ec2").describe_instances(
-        Filters=[
-            {"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster]},
-            {
-                "Name": "instance-state-name",
-                "Values": ["pending", "running", "stopping", "stopped", "shutting-down"],
-            },
-        ]
-    )
-    return sorted(
-        (i for r in pages["Reservations"] for i in r["Instances"]), key=lambda i: tags_of(i)[TAG_NODE]
-    )
-
-
-def left_over(aws, cluster: str = "gaudi") -> dict[str, list[str]]:
-    """Everything that still carries the cluster's tag (or sits in its security group)."""
-    client = aws.client("ec2")
-    tag = [{"Name": f"tag:{TAG_CLUSTER}", "Values": [cluster]}]
-    groups = [g["GroupId"] for g in client.describe_security_groups(Filters=tag)["SecurityGroups"]]
-    interfaces = {
-        i["NetworkInterfaceId"] for i in client.describe_network_interfaces(Filters=tag)["NetworkInterfaces"]
-    }
-    if groups:
-        grouped = client.describe_network_interfaces(Filters=[{"Name": "group-id", "Values": groups}])
-        interfaces |= {i["NetworkInterfaceId"] for i in grouped["NetworkInterfaces"]}
-    parameters = aws.client("ssm").describe_parameters(
-        ParameterFilters=[{"Key": f"tag:{TAG_CLUSTER}", "Values": [cluster]}]
-    )["Parameters"]
-    found = {
-        "instances": [i["InstanceId"] for i in instances(aws, cluster)],
-        "security groups": groups,
-        "addresses": [a["AllocationId"] for a in client.describe_addresses(Filters=tag)["Addresses"]],
-        "interfaces": sorted(interfaces),
-        "parameters": [p["Name"] for p in parameters],
-    }
-    return {kind: ids for kind, ids in found.items() if ids}
-
-
-def rules(permissions: list[dict[str, Any]], group_id: str) -> set[tuple]:
-    flat = set()
-    for p in permissions:
-        ports = (p.get("FromPort"), p.get("ToPort")) if p["IpProtocol"] != "-1" else (None, None)
-        for pair in p.get("UserIdGroupPairs", []):
-            flat.add((p["IpProtocol"], *ports, "self" if pair["GroupId"] == group_id else pair["GroupId"]))
-        for cidr in p.get("IpRanges", []):
-            flat.add((p["IpProtocol"], *ports, cidr["CidrIp"]))
-        for cidr in p.get("Ipv6Ranges", []):
-            flat.add((p["IpProtocol"], *ports, cidr["CidrIpv6"]))
-    return flat
-
-
-def user_data(aws, instance_id: str) -> str:
-    value = aws.client("ec2").describe_instance_attribute(InstanceId=instance_id, Attribute="userData")[
-        "UserData"
-    ]["Value"]
-    return base64.b64decode(value).decode()
-
-
-def fail_run_instances(monkeypatch, call: int, error: BaseException) -> None:
-    """Make the `call`-th RunInstances of each command raise `error` (botocore event, before sending)."""
-    real = ec2.new_session
-
-    def session(region: str):
-        made = real(region)
-        seen = {"calls": 0}
-
-        def before_call(**_):
-            seen["calls"] += 1
-            if seen["calls"] == call:
-                raise error
-
-        made.events.register("before-call.ec2.RunInstances", before_call)
-        return made
-
-    monkeypatch.setattr(ec2, "new_session", session)
-
-
-def capacity_error() -> ClientError:
-    return ClientError(
-        {
-            "Error": {
-                "Code": "InsufficientInstanceCapacity",
-                "Message": "We currently do not have sufficient dl1.24xlarge capacity.",
-            }
-        },
-        "RunInstances",
-    )
+from tests.aws.moto_views import (
+    CIDR,
+    FLAGS,
+    capacity_error,
+    fail_run_instances,
+    instances,
+    left_over,
+    rules,
+    tags_of,
+    unpack,
+    up_args,
+    user_data,
+)
 
 
 def test_plan_prints_everything_and_creates_nothing(aws, run):
@@ -194,22 +85,37 @@ def test_up_status_reup_down_end_to_end(aws, run):
     assert address["PrivateIpAddress"] == master["PrivateIpAddress"]
     assert f"master: ssh -i ~/.ssh/me.pem ubuntu@{address['PublicIp']}" in first.out
 
-    # User data: the master holds with the worker as its peer; no key material anywhere in it.
-    secret = aws.private_key.decode().splitlines()[1]
+    # User data: the master holds with the worker as its peer; public keys only, no secret in it.
+    secrets = [aws.private_key.decode().splitlines()[1], aws.host_key.decode().splitlines()[1]]
     master_boot, worker_boot = user_data(aws, master["InstanceId"]), user_data(aws, worker["InstanceId"])
     assert f"GAUDI_CLUSTER_PEERS={worker['PrivateIpAddress']}\n" in master_boot
     assert "GAUDI_CLUSTER_HOLD=1\n" in master_boot and "NODE_ROLE=master\n" in master_boot
     assert "GAUDI_CLUSTER_PEERS" not in worker_boot and "NODE_ROLE=worker\n" in worker_boot
-    assert all(secret not in text and "PRIVATE KEY" not in text for text in (master_boot, worker_boot))
+    for text in (master_boot, worker_boot):
+        assert "PRIVATE KEY" not in text and not any(secret in text for secret in secrets)
+        for public in ("id_ed25519.pub", "ssh_host_ed25519_key.pub"):
+            assert (aws.keys_dir / public).read_text().strip() in text
+    assert "NODE_SECRETS='id_ed25519 ssh_host_ed25519_key'" in master_boot
+    assert "NODE_SECRETS=ssh_host_ed25519_key\n" in worker_boot
 
-    # The key went over ssh on stdin: master (Elastic IP) first, then the worker through it.
-    calls = sorted(aws.ssh_log.glob("argv.*"))
-    assert [c.read_text().splitlines()[2] for c in calls] == ["master", "node-1"]
-    assert all((aws.ssh_log / c.name.replace("argv", "stdin")).read_bytes() == aws.private_key for c in calls)
-    assert all(secret not in c.read_text() for c in calls)
-    config = (aws.tmp / "cache" / "gaudi-cluster" / "aws" / "gaudi" / "ssh_config").read_text()
+    # The keys went over ssh on stdin: master (Elastic IP) first with the client key and the host key,
+    # then the worker, through it, with the host key only.
+    assert [(host, unpack(stdin or b"")) for host, stdin in aws.sent_to()] == [
+        ("master", {"id_ed25519": aws.private_key, "ssh_host_ed25519_key": aws.host_key}),
+        ("node-1", {"ssh_host_ed25519_key": aws.host_key}),
+    ]
+    assert all(not any(s in c.read_text() for s in secrets) for c in aws.ssh_log.glob("argv.*"))
+    # Only to the host keys each instance printed on its console, pinned under its instance id.
+    state = aws.tmp / "cache" / "gaudi-cluster" / "aws" / "gaudi"
+    config = (state / "ssh_config").read_text()
     assert f"HostName {address['PublicIp']}" in config and f"HostName {worker['PrivateIpAddress']}" in config
-    assert secret not in first.out + first.err
+    assert config.count("StrictHostKeyChecking yes") == 2 and "accept-new" not in config
+    pins = read_pins(state / "known_hosts")
+    assert set(pins) == {master["InstanceId"], worker["InstanceId"]}
+    for node in (master, worker):
+        assert f"HostKeyAlias {node['InstanceId']}" in config
+        assert aws.host_keys_printed(node["InstanceId"]) in pins[node["InstanceId"]]
+    assert not any(secret in first.out + first.err for secret in secrets)
 
     status = run("status", "gaudi")
     assert status.code == 0, status.err
@@ -284,21 +190,37 @@ def test_ctrl_c_during_up_leaves_only_tagged_resources_that_down_removes(aws, ru
     assert left_over(aws) == {}
 
 
-def test_ssm_delivery_stores_a_tagged_securestring_and_down_deletes_it(aws, run):
-    result = run(
-        "up", "--nodes", "1", "--placement-group", "none", "--key-delivery", "ssm",
-        "--instance-profile", "gaudi-node", "--keys", str(aws.keys_dir), "--cluster-id", "solo",
-    )  # fmt: skip
+SSM_UP = [
+    "up", "--nodes", "2", "--placement-group", "none", "--key-delivery", "ssm",
+    "--instance-profile", "gaudi-node", "--cluster-id", "solo",
+]  # fmt: skip
+CLIENT_PARAMETER, HOST_PARAMETER = (
+    "/gaudi-cluster/solo/id_ed25519",
+    "/gaudi-cluster/solo/ssh_host_ed25519_key",
+)
+
+
+def test_ssm_delivery_deletes_the_securestrings_once_every_node_has_its_keys(aws, run):
+    result = run(*SSM_UP, "--keys", str(aws.keys_dir))
     assert result.code == 0, result.err
-    ssm = aws.client("ssm")
-    stored = ssm.get_parameter(Name="/gaudi-cluster/solo/id_ed25519", WithDecryption=True)["Parameter"]
-    assert stored["Type"] == "SecureString" and stored["Value"].encode() == aws.private_key
-    (node,) = instances(aws, "solo")
-    boot = user_data(aws, node["InstanceId"])
-    assert "NODE_KEY_PARAMETER=/gaudi-cluster/solo/id_ed25519\n" in boot
-    assert aws.private_key.decode().splitlines()[1] not in boot
-    assert node["IamInstanceProfile"]["Arn"].endswith("/gaudi-node")
+    for name in (CLIENT_PARAMETER, HOST_PARAMETER):
+        assert f"create SSM parameter {name} (SecureString:" in result.out
+    assert aws.client("ssm").describe_parameters()["Parameters"] == []
+    master, worker = instances(aws, "solo")
+    master_boot, worker_boot = user_data(aws, master["InstanceId"]), user_data(aws, worker["InstanceId"])
+    # Each role reads only its own files: the client key is the master's alone.
+    assert f"NODE_PARAMETER_id_ed25519={CLIENT_PARAMETER}\n" in master_boot
+    assert f"NODE_PARAMETER_ssh_host_ed25519_key={HOST_PARAMETER}\n" in master_boot
+    assert "id_ed25519=" not in worker_boot.replace("ssh_host_ed25519", "")
+    assert f"NODE_PARAMETER_ssh_host_ed25519_key={HOST_PARAMETER}\n" in worker_boot
+    assert aws.private_key.decode().splitlines()[1] not in master_boot + worker_boot
+    assert master["IamInstanceProfile"]["Arn"].endswith("/gaudi-node")
     assert list(aws.ssh_log.iterdir()) == []
+    # Converged: nothing to launch, so no key is stored again.
+    again = run(*SSM_UP, "--keys", str(aws.keys_dir))
+    assert again.code == 0, again.err
+    assert "create " not in again.out and "SSM parameter" not in again.out
+    assert aws.client("ssm").describe_parameters()["Parameters"] == []
     # The security group has no ssh ingress when no --ssh-cidr was given.
     (group,) = aws.client("ec2").describe_security_groups(
         Filters=[{"Name": "group-name", "Values": ["gaudi-cluster-solo"]}]
@@ -307,6 +229,58 @@ def test_ssm_delivery_stores_a_tagged_securestring_and_down_deletes_it(aws, run)
 
     assert run("down", "solo").code == 0
     assert left_over(aws, "solo") == {}
+
+
+def test_the_securestrings_stay_while_a_node_lacks_its_keys_and_go_once_it_has_them(aws, run):
+    key = made_up_host_key()
+    aws.console("solo-node-1", booted_console(key, keyed=False))
+    waiting = run(*SSM_UP, "--keys", str(aws.keys_dir), "--wait-timeout", "2")
+    assert waiting.code == 3, waiting.err
+    (line,) = [x for x in waiting.err.splitlines() if x.startswith("gaudi-cluster: error:")]
+    (worker,) = [n["InstanceId"] for n in instances(aws, "solo") if tags_of(n)[TAG_NODE] == "1"]
+    assert f"the cluster is up but node 1 ({worker}) has not said on its console that it has its keys" in line
+    assert "so the SSM parameters stay (tagged: down deletes them); fix: " in line
+    ssm = aws.client("ssm")
+    for name, value in ((CLIENT_PARAMETER, aws.private_key), (HOST_PARAMETER, aws.host_key)):
+        stored = ssm.get_parameter(Name=name, WithDecryption=True)["Parameter"]
+        assert stored["Type"] == "SecureString" and stored["Value"].encode() == value
+    assert len(left_over(aws, "solo")["parameters"]) == 2
+
+    aws.console("solo-node-1", booted_console(key))
+    finished = run(*SSM_UP, "--keys", str(aws.keys_dir))
+    assert finished.code == 0, finished.err
+    assert "parameters" not in left_over(aws, "solo")
+    assert run("down", "solo").code == 0
+    assert left_over(aws, "solo") == {}
+
+
+def test_up_sends_no_key_to_a_node_whose_console_shows_no_host_keys(aws, run):
+    aws.console("gaudi-node-1", "[    0.000000] Linux version 5.15.0-1051-aws\n")
+    result = run(*up_args(aws), "--wait-timeout", "2")
+    assert result.code == 3, result.err
+    (line,) = [x for x in result.err.splitlines() if x.startswith("gaudi-cluster: error:")]
+    (worker,) = [n["InstanceId"] for n in instances(aws) if tags_of(n)[TAG_NODE] == "1"]
+    assert f"the cluster is up but node-1 ({worker}) printed no ssh host keys on its console" in line
+    # Every node is pinned before the first ssh: not even the master got anything.
+    assert aws.sent_to() == []
+
+
+def test_up_refuses_a_node_that_answers_with_another_host_key_and_names_it(aws, run):
+    aws.impostor_at("node-1")
+    result = run(*up_args(aws))
+    assert result.code == 1, result.err
+    (line,) = [x for x in result.err.splitlines() if x.startswith("gaudi-cluster: error:")]
+    _, worker = instances(aws)
+    assert (
+        f"the cluster is up but node-1 ({worker['InstanceId']}) at {worker['PrivateIpAddress']} answered ssh "
+        "with a host key its console did not print; nothing was sent to it" in line
+    )
+    sent = dict(aws.sent_to())
+    assert sent["node-1"] is None  # refused before ssh read its standard input
+    assert unpack(sent["master"] or b"") == {
+        "id_ed25519": aws.private_key,
+        "ssh_host_ed25519_key": aws.host_key,
+    }
 
 
 @pytest.mark.parametrize(

@@ -54,6 +54,15 @@ def cluster(**changes) -> ClusterSpec:
         ({"image_s3": "https://x/y"}, "--image-s3 'https://x/y'"),
         ({"ssh_cidr": "somewhere"}, "--ssh-cidr 'somewhere' is not an IP network"),
         ({"ssh_cidr": "0.0.0.0/0"}, "would open ssh to the whole internet"),
+        ({"ssh_cidr": "0.0.0.0/0", "allow_wide_ssh_source": True}, "would open ssh to the whole internet"),
+        (
+            {"ssh_cidr": "0.0.0.0/1"},
+            "--ssh-cidr 0.0.0.0/1 is wider than /16 (2,147,483,648 addresses could try port 22); "
+            "fix: --ssh-cidr YOUR.IP.ADDR.ESS/32, or --allow-wide-ssh-source",
+        ),
+        ({"ssh_cidr": "10.0.0.0/8"}, "--ssh-cidr 10.0.0.0/8 is wider than /16"),
+        ({"ssh_cidr": "198.51.0.0/15"}, "--ssh-cidr 198.51.0.0/15 is wider than /16"),
+        ({"ssh_cidr": "2001:db8::/32"}, "--ssh-cidr 2001:db8::/32 is wider than /48"),
         ({"ssh_cidr": None}, "--key-delivery ssh needs ssh ingress from your address; fix: --ssh-cidr"),
         ({"key_name": None}, "--key-delivery ssh logs in with an EC2 key pair; fix: --key-name"),
         ({"key_delivery": "ssm"}, "--key-delivery ssm reads from AWS on the nodes"),
@@ -78,13 +87,22 @@ def test_ssh_cidr_is_normalized_to_its_network():
     assert request(ssh_cidr="2001:db8::1/64").ssh_cidr == "2001:db8::/64"
 
 
+def test_a_wide_ssh_source_needs_the_users_word():
+    # A /16 is the widest taken as it is; anything wider only with --allow-wide-ssh-source.
+    assert request(ssh_cidr="10.20.0.0/16").ssh_cidr == "10.20.0.0/16"
+    assert request(ssh_cidr="2001:db8:1::/48").ssh_cidr == "2001:db8:1::/48"
+    wide = request(ssh_cidr="0.0.0.0/1", allow_wide_ssh_source=True)
+    assert wide.ssh_cidr == "0.0.0.0/1" and wide.allow_wide_ssh_source
+    assert request(ssh_cidr="2001:db8::/32", allow_wide_ssh_source=True).ssh_cidr == "2001:db8::/32"
+
+
 def test_ssm_delivery_needs_no_ssh_but_an_instance_profile():
     ok = request(key_delivery="ssm", instance_profile="gaudi-node", ssh_cidr=None, key_name=None)
     assert ok.ssh_cidr is None
 
 
 def test_the_default_synapse_profile_is_the_dl1_images_release():
-    matrix = json.loads((ROOT / "app" / "gaudi_cluster" / "profiles.json").read_text())
+    matrix = json.loads((ROOT / "app" / "gaudi_cluster" / "settings" / "profiles.json").read_text())
     assert matrix["profiles"]["dl1"]["synapse"]["version"].rsplit(".", 1)[0] == facts.SYNAPSE_PROFILE
     assert facts.DEFAULT_IMAGE == "gaudi-cluster:dl1"
 
@@ -224,7 +242,7 @@ def test_a_fresh_cluster_creates_everything_workers_before_the_master():
     # The new group already holds AWS's default egress to anywhere; only the self rule is added.
     assert changes.authorize_egress == (ALL_FROM_SELF,)
     assert [n.index for n in changes.launch] == [0, 1, 2]
-    assert not changes.create_parameter
+    assert not changes.create_parameters
 
 
 def test_a_complete_cluster_needs_nothing():
@@ -264,10 +282,21 @@ def test_a_cluster_in_another_subnet_is_refused():
         diff.diff(target, moved)
 
 
-def test_ssm_delivery_plans_the_parameter():
+def test_ssm_delivery_plans_one_parameter_per_secret_file():
     target = cluster(key_delivery="ssm", instance_profile="gaudi-node")
-    assert target.parameter_name == "/gaudi-cluster/gaudi/id_ed25519"
-    assert diff.diff(target, Existing()).create_parameter
+    assert target.parameter_names == {
+        "id_ed25519": "/gaudi-cluster/gaudi/id_ed25519",
+        "ssh_host_ed25519_key": "/gaudi-cluster/gaudi/ssh_host_ed25519_key",
+    }
+    assert diff.diff(target, Existing()).create_parameters
+    # `up` deletes them once the new nodes have them: a complete cluster needs none.
+    assert diff.diff(target, complete(target)).empty
+    # A node to launch needs them again, unless an unfinished delivery left them.
+    one_short = replace(complete(target), nodes={0: node(0)})
+    assert diff.diff(target, one_short).create_parameters
+    left = replace(one_short, parameters=tuple(target.parameter_names.values()))
+    assert not diff.diff(target, left).create_parameters
+    assert cluster().parameter_names == {}
 
 
 def test_launch_parameters_carry_tags_imdsv2_profile_and_no_public_ip_request():

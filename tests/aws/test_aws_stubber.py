@@ -1,9 +1,11 @@
 """What moto cannot check, checked with botocore's Stubber: each request below is validated against AWS's
 own EC2 / SSM / Service Quotas service model (names, types, nesting), and must equal the literal
 parameters written here. Placement groups, EFA network interfaces, DL1's instance-type facts, the quota
-call, and the order in which `down` deletes."""
+call, the order in which `down` deletes, the SecureStrings and their deletion, the console read."""
 
 from __future__ import annotations
+
+import base64
 
 import botocore.session
 import pytest
@@ -12,7 +14,7 @@ from gaudi_cluster.aws import calls, ec2
 from gaudi_cluster.aws.diff import Existing, ExistingNode
 from gaudi_cluster.aws.ec2 import Cloud, Resources
 from gaudi_cluster.aws.facts import GAUDI_TYPES, TAG_CLUSTER, TAG_NODE, TAG_ROLE
-from gaudi_cluster.aws.keys import ClusterKey, put_key_parameter
+from gaudi_cluster.aws.keys import ClusterKeys, delete_key_parameters, put_key_parameters
 from gaudi_cluster.aws.request import Request, validate_request
 from gaudi_cluster.aws.spec import Ami, ClusterSpec
 from gaudi_cluster.errors import ConfigError
@@ -371,43 +373,82 @@ def test_down_deletes_in_dependency_order_placement_group_included(stubs):
     )
 
 
-def test_the_key_goes_to_parameter_store_as_a_tagged_securestring(stubs):
+def test_each_secret_file_goes_to_parameter_store_as_a_tagged_securestring(stubs):
     cloud, stub = stubs
-    key = ClusterKey(
-        private=b"stand-in for the cluster key AAAA\n",
-        public="ssh-ed25519 AAAA",
+    keys = ClusterKeys(
+        client_private=b"stand-in for the client key AAAA\n",
+        client_public="ssh-ed25519 AAAA",
+        host_private=b"stand-in for the host key BBBB\n",
+        host_public="ssh-ed25519 BBBB",
     )
-    name = "/gaudi-cluster/demo/id_ed25519"
-    stub["ssm"].add_response(
-        "put_parameter",
-        {"Version": 1},
-        {
-            "Name": name,
-            "Value": key.private.decode(),
+    names = {
+        "id_ed25519": "/gaudi-cluster/demo/id_ed25519",
+        "ssh_host_ed25519_key": "/gaudi-cluster/demo/ssh_host_ed25519_key",
+    }
+    values = {"id_ed25519": keys.client_private.decode(), "ssh_host_ed25519_key": keys.host_private.decode()}
+
+    def stored(file: str) -> dict[str, object]:
+        return {
+            "Name": names[file],
+            "Value": values[file],
             "Type": "SecureString",
-            "Description": "gaudi-cluster: the cluster's ssh private key",
+            "Description": f"gaudi-cluster: the cluster's {file}, until every node has it",
             "Tags": [{"Key": TAG_CLUSTER, "Value": "demo"}],
-        },
-    )
-    assert put_key_parameter(cloud.ssm, name, key, "demo") is True
+        }
+
+    stub["ssm"].add_response("put_parameter", {"Version": 1}, stored("id_ed25519"))
+    # One left by an up that never finished: overwritten (it carries its tag already).
     stub["ssm"].add_client_error(
         "put_parameter",
         service_error_code="ParameterAlreadyExists",
-        expected_params={
-            "Name": name,
-            "Value": key.private.decode(),
-            "Type": "SecureString",
-            "Description": "gaudi-cluster: the cluster's ssh private key",
-            "Tags": [{"Key": TAG_CLUSTER, "Value": "demo"}],
-        },
+        expected_params=stored("ssh_host_ed25519_key"),
     )
     stub["ssm"].add_response(
         "put_parameter",
         {"Version": 2},
-        {"Name": name, "Value": key.private.decode(), "Type": "SecureString", "Overwrite": True},
+        {
+            "Name": names["ssh_host_ed25519_key"],
+            "Value": values["ssh_host_ed25519_key"],
+            "Type": "SecureString",
+            "Overwrite": True,
+        },
     )
-    assert put_key_parameter(cloud.ssm, name, key, "demo") is False
-    assert "PRIVATE" not in repr(key)
+    journal = Resources()
+    put_key_parameters(cloud.ssm, names, keys, "demo", journal)
+    assert journal.parameters == list(names.values())
+    assert "PRIVATE" not in repr(keys) and "stand-in" not in repr(keys)
+
+
+def test_the_parameters_are_deleted_and_one_already_gone_is_fine(stubs):
+    cloud, stub = stubs
+    stub["ssm"].add_response("delete_parameter", {}, {"Name": "/gaudi-cluster/demo/id_ed25519"})
+    stub["ssm"].add_client_error(
+        "delete_parameter",
+        service_error_code="ParameterNotFound",
+        expected_params={"Name": "/gaudi-cluster/demo/ssh_host_ed25519_key"},
+    )
+    delete_key_parameters(
+        cloud.ssm, ["/gaudi-cluster/demo/id_ed25519", "/gaudi-cluster/demo/ssh_host_ed25519_key"]
+    )
+
+
+def test_the_console_is_read_first_hand(stubs):
+    cloud, stub = stubs
+    text = "-----BEGIN SSH HOST KEY KEYS-----\nssh-ed25519 AAAA root@ip\n-----END SSH HOST KEY KEYS-----\n"
+    # The API sends base64; botocore's own handler decodes it before the answer reaches us.
+    stub["ec2"].add_response(
+        "get_console_output",
+        {"InstanceId": "i-0123456789abcdef0", "Output": base64.b64encode(text.encode()).decode()},
+        {"InstanceId": "i-0123456789abcdef0", "Latest": True},
+    )
+    assert cloud.console_output("i-0123456789abcdef0") == text
+    # Before the instance printed anything there is no Output at all.
+    stub["ec2"].add_response(
+        "get_console_output",
+        {"InstanceId": "i-0123456789abcdef0"},
+        {"InstanceId": "i-0123456789abcdef0", "Latest": True},
+    )
+    assert cloud.console_output("i-0123456789abcdef0") == ""
 
 
 def test_a_capacity_error_on_launch_is_exit_3_with_a_fix(stubs):

@@ -5,8 +5,12 @@ DNS answers dotted aliases, and one alias shared by several containers returns a
 like a headless Service). They get the args, environment and mount paths of the rendered manifests,
 plus what the controllers add: for the MPI Operator its hostfile, its variables and its ssh Secret (an
 ECDSA P-521 key in PEM form named id_rsa, mode 0644, behind the `..data` symlinks of a Secret
-volume); for the Indexed Job the completion index. The workers start 15 s after the master, so their
-names do not resolve yet when it starts. The job must train on every node.
+volume); for the Indexed Job the completion index. Our key directories are built from the manifests'
+own volumes: the MPIJob's projected volume per role, the Indexed Job's `keys` init container run
+before each pod. Every container gets the manifest's securityContext as Docker options
+(no-new-privileges, capabilities, sysctls; Docker's default seccomp profile). The workers start 15 s
+after the master, so their names do not resolve yet when it starts. The job must train on every
+node; no worker may hold the client key, and every pod's sshd must answer with the cluster host key.
 
 What is not imitated: scheduling, readiness gates (WaitForWorkersReady would start the launcher only
 after the workers; starting it first is the harder case), and Gaudi: slots are 1 per node on CPU.
@@ -15,7 +19,6 @@ after the workers; starting it first is the harder case), and Gaudi: slots are 1
 from __future__ import annotations
 
 import re
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,8 +27,19 @@ from typing import Any
 
 import pytest
 
+from tests.k8s.kubelet import (
+    HOST_IDENTITY,
+    HOST_KEY_SECRET,
+    OPERATOR_ITEMS,
+    host_identity,
+    key_blob,
+    operator_secret,
+    projected_volume,
+    secret_volume,
+    security_flags,
+    volume_mounts,
+)
 from tests.support.docker import LABEL, ROOT, docker
-from tests.support.keys import pem_label
 from tests.support.kubernetes import kustomize
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -61,23 +75,16 @@ def container_env(container: dict[str, Any], settings: dict[str, str]) -> dict[s
     return env
 
 
+def volume_of(pod_spec: dict[str, Any], name: str) -> dict[str, Any]:
+    (found,) = [v for v in pod_spec["volumes"] if v["name"] == name]
+    return found
+
+
 def settings_of(docs: list[dict[str, Any]]) -> dict[str, str]:
     config = only(docs, "ConfigMap")
     assert config["metadata"]["name"].startswith("gaudi-cluster-settings")
-    return {**config["data"], "GAUDI_CLUSTER_WAIT_TIMEOUT": WAIT_TIMEOUT}
-
-
-def secret_volume(directory: Path, files: dict[str, bytes], mode: int) -> Path:
-    """A directory laid out as the kubelet lays out a Secret volume: files behind ..data symlinks."""
-    timestamped = directory / "..2026_11_30_12_00_00.000000001"
-    timestamped.mkdir(parents=True)
-    for name, content in files.items():
-        (timestamped / name).write_bytes(content)
-        (timestamped / name).chmod(mode)
-    (directory / "..data").symlink_to(timestamped.name)
-    for name in files:
-        (directory / name).symlink_to(f"..data/{name}")
-    return directory
+    # --tee: the tests read which pod each rank ran in from the console (rank 0's lines only by default).
+    return {**config["data"], "GAUDI_CLUSTER_WAIT_TIMEOUT": WAIT_TIMEOUT, "GAUDI_CLUSTER_TEE": "1"}
 
 
 class Pods:
@@ -97,10 +104,11 @@ class Pods:
         env: dict[str, str],
         mounts: list[str],
         args: list[str],
+        security: list[str],
     ) -> str:
         name = f"gc-k8s-{self.session}-{hostname}"
         command = ["run", "-d", "--name", name, "--hostname", hostname, "--network", self.network]
-        command += ["--label", LABEL, "--shm-size", "1g", "--no-healthcheck"]
+        command += ["--label", LABEL, "--shm-size", "1g", "--no-healthcheck", *security]
         for alias in aliases:
             command += ["--network-alias", alias]
         for key, value in env.items():
@@ -110,6 +118,29 @@ class Pods:
         docker(*command, self.image, *args)
         self.names.append(name)
         return name
+
+    def init(self, pod_spec: dict[str, Any], env: dict[str, str], volumes: dict[str, Path]) -> None:
+        """Run the pod's init containers to completion, in order, as the kubelet does before the pod."""
+        for container in pod_spec.get("initContainers", []):
+            options = ["--rm", "--network", "none", "--label", LABEL, *security_flags(pod_spec, container)]
+            options += [f"--volume={mount}" for mount in volume_mounts(container, volumes)]
+            options += [f"--env={key}={value}" for key, value in env.items()]
+            # A container's `command` replaces the image's entrypoint; its `args`, the image's CMD.
+            entrypoint, *rest = container["command"]
+            done = docker("run", *options, "--entrypoint", entrypoint, self.image, *rest, *container["args"])
+            print(done.stdout + done.stderr)
+
+    def files(self, name: str, *directories: str) -> set[str]:
+        """The names in these directories of a running container (missing directories count as empty)."""
+        listed = docker("exec", name, "sh", "-c", 'ls -A "$@" 2>/dev/null; true', "ls", *directories)
+        return {line for line in listed.stdout.split() if not line.endswith(":")}
+
+    def host_key_of(self, client: str, host: str) -> str:
+        """The ed25519 host key the sshd at `host` answers with, as seen from the container `client`."""
+        scanned = docker("exec", client, "ssh-keyscan", "-T", "10", "-t", "ed25519", "-p", "3022", host)
+        lines = [line for line in scanned.stdout.splitlines() if line and not line.startswith("#")]
+        assert len(lines) == 1, scanned.stdout + scanned.stderr
+        return key_blob(lines[0])
 
     def wait(self, name: str, timeout_s: float) -> int:
         return int(docker("wait", name, timeout=timeout_s).stdout.strip())
@@ -138,29 +169,24 @@ def pods(request, image) -> Iterator[Pods]:
     made.remove(show_logs=failed)
 
 
-def operator_key_pair(directory: Path) -> dict[str, bytes]:
-    """What the MPI Operator puts in its Secret: an ECDSA P-521 key in PEM (SEC 1) form as id_rsa,
-    and the public key, without a comment, as both id_rsa.pub and authorized_keys."""
-    directory.mkdir()
-    key = directory / "key"
-    subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ecdsa", "-b", "521", "-m", "PEM", "-N", "", "-C", "", "-f", str(key)],
-        check=True,
-    )
-    private = key.read_bytes()
-    assert pem_label(private) == "EC PRIVATE KEY"
-    public = b" ".join(key.with_suffix(".pub").read_bytes().split()[:2]) + b"\n"
-    return {"id_rsa": private, "id_rsa.pub": public, "authorized_keys": public}
-
-
-def test_mpijob_launcher_trains_on_late_workers_with_the_operators_keys(pods, tmp_path):
+def test_mpijob_launcher_trains_on_late_workers_with_the_operators_keys(pods, tmp_path, cluster_keys):
     docs = kustomize(ROOT / "k8s" / "mpijob")
     mpijob = only(docs, "MPIJob")
     job = mpijob["metadata"]["name"]
     spec = mpijob["spec"]
     settings = settings_of(docs)
     mount = spec["sshAuthMountPath"]
-    secret = secret_volume(tmp_path / "ssh", operator_key_pair(tmp_path / "keygen"), 0o644)
+    operator = operator_secret(tmp_path / "keygen")
+    # The operator's own mount of its Secret on every pod: no mode set away from /root/.ssh (0644).
+    secret = secret_volume(
+        tmp_path / "ssh", {path: operator[key] for path, key in OPERATOR_ITEMS.items()}, 0o644
+    )
+    secrets = {f"{job}-ssh": operator, HOST_KEY_SECRET: host_identity(cluster_keys)}
+    templates = {role: spec["mpiReplicaSpecs"][role]["template"]["spec"] for role in ("Launcher", "Worker")}
+    key_dirs = {
+        role: projected_volume(tmp_path / f"keys-{role}", volume_of(pod, "ssh-dir")["projected"], secrets)
+        for role, pod in templates.items()
+    }
     workers = spec["mpiReplicaSpecs"]["Worker"]["replicas"]
     worker_names = [f"{job}-worker-{i}" for i in range(workers)]
     # The operator's ConfigMap: one FQDN per worker, slotsPerWorker slots (1 here: CPU ranks).
@@ -179,8 +205,8 @@ def test_mpijob_launcher_trains_on_late_workers_with_the_operators_keys(pods, tm
         "OMPI_MCA_orte_keep_fqdn_hostnames": "true",
         "OMPI_MCA_plm_rsh_args": "-o ConnectionAttempts=10",
     }
-    launcher_container = spec["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
-    worker_container = spec["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    launcher_container = templates["Launcher"]["containers"][0]
+    worker_container = templates["Worker"]["containers"][0]
     assert launcher_container["args"] == ["master"] and worker_container["args"] == ["worker"]
 
     launcher = pods.run(
@@ -191,8 +217,13 @@ def test_mpijob_launcher_trains_on_late_workers_with_the_operators_keys(pods, tm
             **operator_env,
             "K_MPI_JOB_ROLE": "launcher",
         },
-        [f"{secret}:{mount}:ro", f"{config_map}:/etc/mpi:ro"],
+        [
+            f"{secret}:{mount}:ro",
+            f"{config_map}:/etc/mpi:ro",
+            *volume_mounts(launcher_container, {"ssh-dir": key_dirs["Launcher"]}),
+        ],
         [*launcher_container["args"], *JOB],
+        security_flags(templates["Launcher"], launcher_container),
     )
     time.sleep(WORKERS_LATE_S)
     assert pods.running(launcher), pods.logs(launcher)[-3000:]
@@ -205,8 +236,9 @@ def test_mpijob_launcher_trains_on_late_workers_with_the_operators_keys(pods, tm
             name,
             [fqdn[name]],
             {**container_env(worker_container, settings), "K_MPI_JOB_ROLE": "worker"},
-            [f"{secret}:{mount}:ro"],
+            [f"{secret}:{mount}:ro", *volume_mounts(worker_container, {"ssh-dir": key_dirs["Worker"]})],
             worker_container["args"],
+            security_flags(templates["Worker"], worker_container),
         )
     code = pods.wait(launcher, timeout_s=600)
     log = pods.logs(launcher)
@@ -215,6 +247,14 @@ def test_mpijob_launcher_trains_on_late_workers_with_the_operators_keys(pods, tm
     assert rank_hosts(log) == {i: {name} for i, name in enumerate(worker_names)}, rank_hosts(log)
     assert re.search(rf"job \S+ succeeded: {workers} ranks on {workers} nodes", log), log[-3000:]
     assert f"nodes: {', '.join(fqdn[name] for name in worker_names)}" in log
+    key_dir = container_env(worker_container, settings)["GAUDI_CLUSTER_SSH_DIR"]
+    for name in worker_names:
+        worker = f"gc-k8s-{pods.session}-{name}"
+        # Nothing in the key directory the image reads, nor in /root/.ssh, logs in anywhere (the
+        # operator's own mount still holds id_rsa: docs/kubernetes.md says so).
+        assert "id_rsa" not in pods.files(worker, key_dir, "/root/.ssh"), name
+        # Its sshd presents the cluster host key (asked from inside: the launcher has exited).
+        assert pods.host_key_of(worker, fqdn[name]) == key_blob(secrets[HOST_KEY_SECRET][HOST_IDENTITY[1]])
 
 
 def test_indexed_job_trains_on_every_index_found_through_the_service(pods, tmp_path, cluster_keys):
@@ -227,10 +267,20 @@ def test_indexed_job_trains_on_every_index_found_through_the_service(pods, tmp_p
     env = container_env(container, settings_of(docs))
     completions = job_doc["spec"]["completions"]
     assert env["GAUDI_CLUSTER_NODES"] == str(completions) and env["GAUDI_CLUSTER_PEERS_DNS"] == subdomain
-    (key_mount,) = [m["mountPath"] for m in container["volumeMounts"] if m["name"] == "cluster-keys"]
-    (key_volume,) = [v for v in pod_spec["volumes"] if v["name"] == "cluster-keys"]
-    files = {name: (cluster_keys / name).read_bytes() for name in ("id_ed25519", "id_ed25519.pub")}
-    secret = secret_volume(tmp_path / "keys", files, key_volume["secret"]["defaultMode"])
+    client_pair = {name: (cluster_keys / name).read_bytes() for name in ("id_ed25519", "id_ed25519.pub")}
+    secrets = {"gaudi-cluster-keys": client_pair, HOST_KEY_SECRET: host_identity(cluster_keys)}
+    client = volume_of(pod_spec, "client-key")["secret"]
+    # The pod's Secret volumes, once for every pod (the kubelet makes them per pod; they are read-only).
+    node_keys = volume_of(pod_spec, "node-keys")["projected"]
+    shared = {
+        "node-keys": projected_volume(tmp_path / "node-keys", node_keys, secrets),
+        "client-key": secret_volume(
+            tmp_path / "client-key",
+            {item["path"]: secrets[client["secretName"]][item["key"]] for item in client["items"]},
+            client["defaultMode"],
+        ),
+    }
+    key_dir = env["GAUDI_CLUSTER_SSH_DIR"]
 
     def start(index: int) -> str:
         hostname = f"{job}-{index}"
@@ -240,12 +290,18 @@ def test_indexed_job_trains_on_every_index_found_through_the_service(pods, tmp_p
             f"{hostname}.{subdomain}.{NAMESPACE}.svc.cluster.local",
             subdomain,
         ]
+        # The pod's in-memory key directory, filled by its init container before the pod starts.
+        ssh_dir = tmp_path / f"ssh-dir-{index}"
+        ssh_dir.mkdir()
+        volumes = {**shared, "ssh-dir": ssh_dir}
+        pods.init(pod_spec, {"JOB_COMPLETION_INDEX": str(index)}, volumes)
         return pods.run(
             hostname,
             aliases,
             {**env, "JOB_COMPLETION_INDEX": str(index)},
-            [f"{secret}:{key_mount}:ro"],
+            volume_mounts(container, volumes),
             [*container["args"], *JOB],
+            security_flags(pod_spec, container),
         )
 
     master = start(0)
@@ -263,3 +319,11 @@ def test_indexed_job_trains_on_every_index_found_through_the_service(pods, tmp_p
         assert "the job arguments are the master's" in worker_log
         # Kubernetes, not the worker, ends it (the Job's successPolicy): it still serves sshd.
         assert pods.running(worker)
+        assert "id_ed25519" not in pods.files(worker, key_dir, "/root/.ssh"), worker
+    # The in-memory key directories the init containers filled: the client key on index 0 alone.
+    held = {i: {f.name for f in (tmp_path / f"ssh-dir-{i}").iterdir()} for i in range(completions)}
+    assert {i for i, names in held.items() if "id_ed25519" in names} == {0}, held
+    # Every worker's sshd presents the cluster host key (the master has exited: asked from a worker).
+    pinned = key_blob(secrets[HOST_KEY_SECRET][HOST_IDENTITY[1]])
+    for index in range(1, completions):
+        assert pods.host_key_of(workers[0], f"{job}-{index}.{subdomain}") == pinned, index

@@ -11,13 +11,25 @@ from __future__ import annotations
 
 import re
 import shutil
-from collections.abc import Iterator
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
 
 import pytest
 import yaml
 
+from tests.k8s.rendered import (
+    INDEXED_JOB,
+    K8S,
+    MPIJOB,
+    VARIANTS,
+    env_of,
+    indexed,
+    mpijob,
+    node_container,
+    only,
+    pod_templates,
+    replica,
+)
 from tests.support.kubernetes import kustomize
 
 try:
@@ -29,12 +41,6 @@ except ImportError:  # pragma: no cover - the message is the point
         pytrace=False,
     )
 
-ROOT = Path(__file__).resolve().parents[2]
-K8S = ROOT / "k8s"
-MPIJOB = "mpijob"
-INDEXED_JOB = "indexed-job"
-VARIANTS = (MPIJOB, INDEXED_JOB)
-
 # The oldest Kubernetes the Indexed Job variant claims: Job successPolicy is on by default (beta) from
 # 1.31 (alpha in 1.30, where the field exists in the schema but is dropped by the API server).
 OLDEST_KUBERNETES = "1.31"
@@ -45,8 +51,6 @@ SSH_PORT = 3022
 GAUDI = "habana.ai/gaudi"
 HUGEPAGES = "hugepages-2Mi"
 ROOT_SSH = PurePosixPath("/root/.ssh")
-OUR_KEY_SECRET = "gaudi-cluster-keys"
-OUR_KEY_MOUNT = "/run/secrets/gaudi-cluster"
 DNS_1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
@@ -54,40 +58,6 @@ DNS_1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, list[dict[str, Any]]]:
     return {variant: kustomize(K8S / variant) for variant in VARIANTS}
-
-
-def only(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    found = [doc for doc in docs if doc["kind"] == kind]
-    assert len(found) == 1, f"expected one {kind}, rendered {len(found)}"
-    return found[0]
-
-
-def pod_templates(doc: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(where, PodTemplateSpec) for every pod template in a rendered object."""
-    if doc["kind"] == "MPIJob":
-        for replica, spec in doc["spec"]["mpiReplicaSpecs"].items():
-            yield f"MPIJob {replica}", spec["template"]
-    elif doc["kind"] == "Job":
-        yield "Job", doc["spec"]["template"]
-
-
-def node_container(pod_spec: dict[str, Any]) -> dict[str, Any]:
-    # containers[0]: the MPI Operator adds its env, mounts and (without args) its command to this one.
-    container = pod_spec["containers"][0]
-    assert container["name"] == "node"
-    return container
-
-
-def env_of(container: dict[str, Any]) -> dict[str, str]:
-    return {item["name"]: item["value"] for item in container.get("env", []) if "value" in item}
-
-
-def mpijob(rendered: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    return only(rendered[MPIJOB], "MPIJob")
-
-
-def replica(rendered: dict[str, list[dict[str, Any]]], name: str) -> dict[str, Any]:
-    return mpijob(rendered)["spec"]["mpiReplicaSpecs"][name]
 
 
 def gaudi_node_pod_specs(rendered: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
@@ -118,10 +88,13 @@ def validate_strict(doc: dict[str, Any], version: str) -> None:
 
 @pytest.mark.parametrize(
     ("variant", "kinds"),
-    [(MPIJOB, ["ConfigMap", "MPIJob"]), (INDEXED_JOB, ["ConfigMap", "Job", "Service"])],
+    [
+        (MPIJOB, ["ConfigMap", "MPIJob", "NetworkPolicy"]),
+        (INDEXED_JOB, ["ConfigMap", "Job", "NetworkPolicy", "Service"]),
+    ],
 )
 def test_variant_renders_offline_to_exactly_its_objects(rendered, variant, kinds):
-    # No Secret: the cluster key is made on the cluster from `make keys`, never kept in the repository.
+    # No Secret: the keys are made on the cluster from `make keys`, never kept in the repository.
     assert sorted(doc["kind"] for doc in rendered[variant]) == kinds
 
 
@@ -156,7 +129,8 @@ def test_every_container_runs_the_image_named_once_in_the_base(rendered, variant
         container["image"]
         for doc in rendered[variant]
         for _, template in pod_templates(doc)
-        for container in template["spec"]["containers"]
+        # Init containers too: the Indexed Job's `keys` runs the same image (nothing else to pull).
+        for container in [*template["spec"].get("initContainers", []), *template["spec"]["containers"]]
     ]
     assert images, f"{variant} has no containers"
     assert set(images) == {expected}
@@ -243,9 +217,10 @@ def test_mpijob_ssh_secret_is_mounted_away_from_root_ssh(rendered):
     assert mount != ROOT_SSH and ROOT_SSH not in mount.parents and mount not in ROOT_SSH.parents
     for name in ("Launcher", "Worker"):
         container = node_container(replica(rendered, name)["template"]["spec"])
-        assert env_of(container)["GAUDI_CLUSTER_SSH_DIR"] == str(mount), name
         # The operator mounts its Secret there itself; a second volume at the same path would clash.
         assert str(mount) not in [m["mountPath"] for m in container.get("volumeMounts", [])], name
+        # The image reads its own projected directory instead (test_hardening.py).
+        assert env_of(container)["GAUDI_CLUSTER_SSH_DIR"] != str(mount), name
 
 
 def test_mpijob_launcher_runs_the_master_and_workers_run_sshd(rendered):
@@ -262,10 +237,6 @@ def test_mpijob_launcher_runs_the_master_and_workers_run_sshd(rendered):
 
 
 # --- Indexed Job + headless Service -------------------------------------------------------------
-
-
-def indexed(rendered: dict[str, list[dict[str, Any]]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    return only(rendered[INDEXED_JOB], "Job"), only(rendered[INDEXED_JOB], "Service")
 
 
 def test_indexed_job_runs_each_pod_once_and_the_master_decides(rendered):
@@ -307,19 +278,6 @@ def test_indexed_job_pods_are_named_through_the_headless_service(rendered):
     assert not {"GAUDI_CLUSTER_PEERS", "GAUDI_CLUSTER_HOSTFILE"} & env.keys(), "one peer source only"
 
 
-def test_indexed_job_mounts_our_key_secret_owner_only(rendered):
-    job, _ = indexed(rendered)
-    pod = job["spec"]["template"]["spec"]
-    container = node_container(pod)
-    (volume,) = [v for v in pod["volumes"] if "secret" in v]
-    assert volume["secret"]["secretName"] == OUR_KEY_SECRET
-    assert volume["secret"]["defaultMode"] & 0o077 == 0
-    (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
-    assert mount["mountPath"] == OUR_KEY_MOUNT
-    assert mount["readOnly"] is True
-    assert env_of(container)["GAUDI_CLUSTER_SSH_DIR"] == OUR_KEY_MOUNT
-
-
 def test_indexed_job_copies_follow_a_rename_and_a_new_size(tmp_path):
     # Names and the node count are written once; kustomize's replacements must carry them everywhere.
     copy = tmp_path / "k8s"
@@ -333,19 +291,14 @@ def test_indexed_job_copies_follow_a_rename_and_a_new_size(tmp_path):
     service_file.write_text(yaml.safe_dump(service), encoding="utf-8")
 
     docs = kustomize(copy / INDEXED_JOB)
-    job, service = only(docs, "Job"), only(docs, "Service")
+    job, service, policy = only(docs, "Job"), only(docs, "Service"), only(docs, "NetworkPolicy")
     env = env_of(node_container(job["spec"]["template"]["spec"]))
     assert job["spec"]["template"]["spec"]["subdomain"] == "llm"
     assert env["GAUDI_CLUSTER_PEERS_DNS"] == "llm"
     assert service["spec"]["selector"] == {"batch.kubernetes.io/job-name": "llm-run"}
+    own = {"matchLabels": {"batch.kubernetes.io/job-name": "llm-run"}}
+    assert policy["metadata"]["name"] == "llm-run"
+    assert policy["spec"]["podSelector"] == own
+    assert policy["spec"]["ingress"][0]["from"] == [{"podSelector": own}]
     assert job["spec"]["parallelism"] == 4
     assert env["GAUDI_CLUSTER_NODES"] == "4"
-
-
-def test_docs_create_the_secret_the_job_mounts():
-    docs = (ROOT / "docs" / "kubernetes.md").read_text(encoding="utf-8")
-    command = re.search(r"kubectl create secret generic (\S+)((?:\s+\\?\s*--from-file=\S+)+)", docs)
-    assert command, "docs/kubernetes.md lacks the `kubectl create secret generic` command"
-    assert command.group(1) == OUR_KEY_SECRET
-    files = re.findall(r"--from-file=(\S+)", command.group(2))
-    assert sorted(PurePosixPath(f).name for f in files) == ["id_ed25519", "id_ed25519.pub"]

@@ -106,6 +106,11 @@ def _cluster_flags(command: argparse.ArgumentParser) -> None:
     add("--key-name", help="EC2 key pair to log in with (needed for --key-delivery ssh)")
     add("--ssh-cidr", help="allow ssh from this CIDR only, e.g. 203.0.113.7/32 (default: no ssh ingress)")
     add(
+        "--allow-wide-ssh-source",
+        action="store_true",
+        help="accept an --ssh-cidr wider than /16 (IPv6: /48); refused otherwise",
+    )
+    add(
         "--ssh-user",
         default=facts.DEFAULT_SSH_USER,
         help=f"login user of the AMI (default {facts.DEFAULT_SSH_USER})",

@@ -177,15 +177,13 @@ class Creates(CloudBase):
         existing: Existing,
         changes: Diff,
         user_data_for: Callable[[NodeSpec, tuple[str, ...]], str],
-        put_parameter: Callable[[], None],
+        put_parameters: Callable[[Resources], None],
         journal: Resources,
         deadline: float,
     ) -> Converged:
         """Create what `changes` lists, in dependency order; every id goes to `journal` as it is made."""
-        if changes.create_parameter:
-            put_parameter()
-            assert spec.parameter_name is not None
-            journal.parameters.append(spec.parameter_name)
+        if changes.create_parameters:
+            put_parameters(journal)
         group_id = existing.security_group_id or self.create_security_group(spec, journal)
         self.apply_rules(group_id, changes)
         if changes.create_placement_group:

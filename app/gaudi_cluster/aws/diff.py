@@ -45,14 +45,14 @@ class Existing:
     address_allocation: str | None = None
     address_public_ip: str | None = None
     address_interface: str | None = None
-    parameter: str | None = None
+    parameters: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class Diff:
     """What `up` must do to make the cluster match the spec (empty when it already does)."""
 
-    create_parameter: bool
+    create_parameters: bool
     create_security_group: bool
     authorize_ingress: tuple[Rule, ...]
     revoke_ingress: tuple[Rule, ...]
@@ -67,7 +67,7 @@ class Diff:
     @property
     def empty(self) -> bool:
         return not (
-            self.create_parameter
+            self.create_parameters
             or self.create_security_group
             or self.authorize_ingress
             or self.revoke_ingress
@@ -108,6 +108,7 @@ def diff(spec: ClusterSpec, existing: Existing) -> Diff:
     # A new group comes with AWS's default egress rule (all traffic to anywhere) already in it.
     present_egress = existing.egress if has_group else frozenset({ALL_TO_INTERNET})
     master = existing.nodes.get(0)
+    launch = tuple(n for n in spec.nodes if n.index not in existing.nodes)
     # The association follows the master's primary interface (a replaced master gets the address back).
     associated = (
         existing.address_allocation is not None
@@ -116,14 +117,16 @@ def diff(spec: ClusterSpec, existing: Existing) -> Diff:
         and existing.address_interface == master.primary_interface
     )
     return Diff(
-        create_parameter=spec.parameter_name is not None and existing.parameter is None,
+        # Only new nodes fetch keys at boot, and `up` deletes the parameters once they have: stored again
+        # when nodes are launched, unless an unfinished delivery left them.
+        create_parameters=bool(launch) and not set(spec.parameter_names.values()) <= set(existing.parameters),
         create_security_group=not has_group,
         authorize_ingress=tuple(sorted(ingress - existing.ingress)),
         revoke_ingress=tuple(sorted(existing.ingress - ingress)) if has_group else (),
         authorize_egress=tuple(sorted(egress - present_egress)),
         revoke_egress=tuple(sorted(present_egress - egress)) if has_group else (),
         create_placement_group=spec.placement_group_name is not None and existing.placement_group is None,
-        launch=tuple(n for n in spec.nodes if n.index not in existing.nodes),
+        launch=launch,
         start=tuple(n for _, n in sorted(existing.nodes.items()) if n.state == "stopped"),
         allocate_address=existing.address_allocation is None,
         associate_address=not associated,

@@ -36,6 +36,17 @@ AMI_OWNER = "amazon"
 # Where the nodes keep the cluster key and the scripts that start them.
 NODE_HOME = "/opt/gaudi-cluster"
 NODE_KEYS_DIR = f"{NODE_HOME}/keys"
+# The key files of `make keys` (the container's key directory holds these names): the client key pair,
+# for the master alone, and the cluster's host identity, which every node's sshd presents.
+CLIENT_KEY = "id_ed25519"
+HOST_KEY = "ssh_host_ed25519_key"
+# The secret files each role receives after boot (the public halves travel in user data).
+SECRETS_OF_ROLE: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {"master": (CLIENT_KEY, HOST_KEY), "worker": (HOST_KEY,)}
+)
+# The widest --ssh-cidr accepted without --allow-wide-ssh-source: a /16 is a campus or a VPN pool; for
+# IPv6 a /48 is one site's allocation.
+WIDEST_SSH_PREFIX = {4: 16, 6: 48}
 
 LIVE_STATES = ("pending", "running", "stopping", "stopped")
 # States AWS bills the instance hours for (stopped instances cost their volumes only).

@@ -1,25 +1,31 @@
-"""Deliver the cluster key (made by `make keys`) to the nodes after boot: over ssh, or through SSM
-Parameter Store as a SecureString. Never through user data, never on a command line, never logged.
+"""The cluster's keys (made by `make keys`) and how their secret halves reach the nodes after boot: over
+ssh, or through SSM Parameter Store as SecureStrings. Never through user data, never on a command line,
+never logged. The master gets the client key and the host key; a worker the host key only (both get
+the public halves in user data).
 
-Over ssh the private key travels on ssh's standard input; the remote side writes it 0600 as root and
-derives the public half last (the node's start script waits for that file). Workers have no public
-address: they are reached through the master (ProxyCommand over its Elastic IP). Host keys are trusted
-per cluster (accept-new into a known_hosts of this cluster's own), never disabled.
+Over ssh the secret files travel as a tar on ssh's standard input; the remote side unpacks them as root,
+0600, and moves each into place whole (the node's start script waits for them). Workers have no public
+address: they are reached through the master (ProxyCommand over its Elastic IP). Host keys are pinned
+from each instance's console (delivery.py) under the instance id (HostKeyAlias), and checked strictly:
+an address that answers with another key is refused, and nothing is sent to it.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import shlex
 import subprocess
+import tarfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gaudi_cluster.aws.facts import NODE_KEYS_DIR
+from gaudi_cluster.aws.calls import Resources, calling, tolerating_gone
+from gaudi_cluster.aws.facts import CLIENT_KEY, HOST_KEY, NODE_KEYS_DIR, SECRETS_OF_ROLE
 from gaudi_cluster.aws.spec import tags
 from gaudi_cluster.errors import ClusterNotReady, ConfigError, GaudiClusterError
 
@@ -28,37 +34,59 @@ log = logging.getLogger("gaudi_cluster.aws")
 # ssh's exit status when the connection itself failed (node still booting): retried until the deadline.
 SSH_CONNECTION_FAILED = 255
 RETRY_INTERVAL_S = 5.0
-
-INSTALL_KEY = "sudo sh -c " + shlex.quote(
-    f'umask 077; d={NODE_KEYS_DIR}; mkdir -p "$d" && cat >"$d/id_ed25519.new" && '
-    'mv "$d/id_ed25519.new" "$d/id_ed25519" && '
-    'ssh-keygen -y -f "$d/id_ed25519" >"$d/id_ed25519.pub.new" && '
-    'chmod 0644 "$d/id_ed25519.pub.new" && mv "$d/id_ed25519.pub.new" "$d/id_ed25519.pub"'
-)
+# What ssh says (exit 255) when the host key is not the pinned one, or there is no pin: never retried.
+HOST_KEY_REFUSED = "Host key verification failed"
 
 
 @dataclass(frozen=True)
-class ClusterKey:
-    private: bytes = field(repr=False)
-    public: str
+class ClusterKeys:
+    """The key files of `make keys`: the client key pair (the master logs in with it) and the cluster's
+    host identity (every node's sshd presents it)."""
+
+    client_private: bytes = field(repr=False)
+    client_public: str
+    host_private: bytes = field(repr=False)
+    host_public: str
+
+    def public_keys(self) -> dict[str, str]:
+        return {f"{CLIENT_KEY}.pub": self.client_public, f"{HOST_KEY}.pub": self.host_public}
+
+    def secret(self, name: str) -> bytes:
+        return {CLIENT_KEY: self.client_private, HOST_KEY: self.host_private}[name]
+
+    def secrets_for(self, role: str) -> dict[str, bytes]:
+        return {name: self.secret(name) for name in SECRETS_OF_ROLE[role]}
 
 
-def read_cluster_key(keys_dir: Path) -> ClusterKey:
-    private_path, public_path = keys_dir / "id_ed25519", keys_dir / "id_ed25519.pub"
-    if not private_path.is_file() or not public_path.is_file():
-        raise ConfigError(f"no cluster key in {keys_dir}; fix: make keys (or --keys DIR holding id_ed25519)")
-    mode = private_path.stat().st_mode & 0o777
+def _private(path: Path, what: str) -> bytes:
+    mode = path.stat().st_mode & 0o777
     if mode & 0o077:
+        raise ConfigError(f"{what} {path} is readable by others (mode {mode:04o}); fix: chmod 600 {path}")
+    data = path.read_bytes()
+    if b"PRIVATE KEY" not in data:
         raise ConfigError(
-            f"cluster key {private_path} is readable by others (mode {mode:04o}); "
-            f"fix: chmod 600 {private_path}"
+            f"{path} is not an OpenSSH private key; fix: remove {path.parent} and run make keys"
         )
-    private = private_path.read_bytes()
-    if b"PRIVATE KEY" not in private:
+    return data
+
+
+def read_cluster_keys(keys_dir: Path) -> ClusterKeys:
+    client, host = keys_dir / CLIENT_KEY, keys_dir / HOST_KEY
+    if not client.is_file() or not client.with_name(f"{CLIENT_KEY}.pub").is_file():
         raise ConfigError(
-            f"{private_path} is not an OpenSSH private key; fix: remove {keys_dir} and run make keys"
+            f"no cluster key in {keys_dir}; fix: make keys (or --keys DIR holding {CLIENT_KEY})"
         )
-    return ClusterKey(private=private, public=public_path.read_text().strip())
+    if not host.is_file() or not host.with_name(f"{HOST_KEY}.pub").is_file():
+        raise ConfigError(
+            f"no cluster host key in {keys_dir} ({HOST_KEY}); "
+            "fix: make keys (it adds one to an existing .keys)"
+        )
+    return ClusterKeys(
+        client_private=_private(client, "cluster key"),
+        client_public=client.with_name(f"{CLIENT_KEY}.pub").read_text().strip(),
+        host_private=_private(host, "cluster host key"),
+        host_public=host.with_name(f"{HOST_KEY}.pub").read_text().strip(),
+    )
 
 
 def state_dir(cluster_id: str, environ: Mapping[str, str] = os.environ) -> Path:
@@ -72,12 +100,25 @@ def ssh_program(environ: Mapping[str, str] = os.environ) -> str:
     return environ.get("GAUDI_CLUSTER_AWS_SSH", "ssh")
 
 
+# -- ssh --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SshHost:
+    """One node as this machine's ssh reaches it: its Host name, address, and the instance id its host
+    keys are pinned under."""
+
+    name: str
+    address: str
+    instance_id: str
+
+
 def write_ssh_config(
     directory: Path,
     user: str,
     identity: Path | None,
-    master_ip: str,
-    workers: Mapping[str, str],
+    master: SshHost,
+    workers: Sequence[SshHost],
     ssh: str = "ssh",
 ) -> Path:
     """An ssh config naming the master (Elastic IP) and each worker (private IP, through the master)."""
@@ -87,28 +128,85 @@ def write_ssh_config(
         f"  User {user}",
         "  BatchMode yes",
         "  ConnectTimeout 10",
-        "  StrictHostKeyChecking accept-new",
+        # Only the keys the instance printed on its console; a new or changed key is refused.
+        "  StrictHostKeyChecking yes",
+        "  UpdateHostKeys no",
+        "  CheckHostIP no",
         f"  UserKnownHostsFile {directory / 'known_hosts'}",
         "  ServerAliveInterval 15",
         "  LogLevel ERROR",
     ]
     if identity is not None:
         common += [f"  IdentityFile {identity}", "  IdentitiesOnly yes"]
-    lines = ["Host master", f"  HostName {master_ip}", *common]
+    lines = ["Host master", f"  HostName {master.address}", f"  HostKeyAlias {master.instance_id}", *common]
     jump = f"{shlex.quote(ssh)} -F {shlex.quote(str(config))} -W %h:%p master"
-    for name, ip in workers.items():
-        lines += [f"Host {name}", f"  HostName {ip}", f"  ProxyCommand {jump}", *common]
+    for worker in workers:
+        lines += [
+            f"Host {worker.name}",
+            f"  HostName {worker.address}",
+            f"  HostKeyAlias {worker.instance_id}",
+        ]
+        lines += [f"  ProxyCommand {jump}", *common]
     config.write_text("\n".join(lines) + "\n")
     config.chmod(0o600)
     return config
+
+
+def read_pins(known_hosts: Path) -> dict[str, tuple[str, ...]]:
+    """The host keys pinned so far, by instance id (from earlier runs of up)."""
+    pins: dict[str, list[str]] = {}
+    if known_hosts.is_file():
+        for line in known_hosts.read_text().splitlines():
+            parts = line.split()
+            if len(parts) >= 3 and not line.startswith("#"):
+                pins.setdefault(parts[0], []).append(f"{parts[1]} {parts[2]}")
+    return {alias: tuple(keys) for alias, keys in pins.items()}
+
+
+def write_pins(known_hosts: Path, pins: Mapping[str, Sequence[str]]) -> None:
+    known_hosts.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    known_hosts.write_text(
+        "".join(f"{alias} {key}\n" for alias, keys in sorted(pins.items()) for key in keys)
+    )
+    known_hosts.chmod(0o600)
+
+
+def bundle(files: Mapping[str, bytes]) -> bytes:
+    """The secret files as one tar (0600 each) for ssh's standard input."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in sorted(files.items()):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o600
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def install_command(remove: Iterable[str] = ()) -> str:
+    """The remote side: unpack the tar from stdin as root into a private staging directory, drop the files
+    this role must not hold (a worker's client key from an older gaudi-cluster), move each file in whole."""
+    script = (
+        f'umask 077; d={NODE_KEYS_DIR}; mkdir -p "$d" || exit 1; '
+        's=$(mktemp -d "$d/.incoming.XXXXXX") || exit 1; trap \'rm -rf "$s"\' EXIT; '
+        'tar -x -f - -C "$s" --no-same-owner || exit 1; '
+        + "".join(f'rm -f "$d/{name}"; ' for name in remove)
+        + 'for f in "$s"/*; do mv -f "$f" "$d/" || exit 1; done'
+    )
+    return "sudo sh -c " + shlex.quote(script)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    host: SshHost
+    files: Mapping[str, bytes] = field(repr=False)
+    remove: tuple[str, ...] = ()
 
 
 Runner = Callable[..., "subprocess.CompletedProcess[bytes]"]
 
 
 def deliver_over_ssh(
-    hosts: Sequence[str],
-    key: ClusterKey,
+    deliveries: Sequence[Delivery],
     config: Path,
     deadline: float,
     ssh: str = "ssh",
@@ -116,47 +214,79 @@ def deliver_over_ssh(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> None:
-    """Write the key on every host (master first: the workers are reached through it)."""
-    for host in hosts:
-        argv = [ssh, "-F", str(config), host, INSTALL_KEY]
+    """Write each host's secret files (master first: the workers are reached through it)."""
+    for delivery in deliveries:
+        host = delivery.host
+        argv = [ssh, "-F", str(config), host.name, install_command(delivery.remove)]
+        payload = bundle(delivery.files)
         while True:
-            done = run(argv, input=key.private, capture_output=True, check=False)
+            done = run(argv, input=payload, capture_output=True, check=False)
             if done.returncode == 0:
-                log.info("cluster key delivered to %s over ssh", host)
+                log.info(
+                    "keys delivered to %s (%s) over ssh: %s",
+                    host.name,
+                    host.instance_id,
+                    ", ".join(sorted(delivery.files)),
+                )
                 break
             reason = _last_line(done.stderr) or f"exit {done.returncode}"
+            if HOST_KEY_REFUSED in _text(done.stderr):
+                raise GaudiClusterError(
+                    f"{host.name} ({host.instance_id}) at {host.address} answered ssh with a host key its "
+                    f"console did not print; nothing was sent to it; fix: find out who answers there "
+                    f"(aws ec2 get-console-output --latest --output text --instance-id {host.instance_id} "
+                    "shows the instance's own keys), then run up again"
+                )
             if done.returncode != SSH_CONNECTION_FAILED:
                 raise GaudiClusterError(
-                    f"writing the cluster key on {host} failed: {reason}; fix: check sudo for the login "
-                    f"user, then run up again (ssh -F {config} {host})"
+                    f"writing the keys on {host.name} failed: {reason}; fix: check sudo for the login "
+                    f"user, then run up again (ssh -F {config} {host.name})"
                 )
             if clock() >= deadline:
                 raise ClusterNotReady(
-                    f"{host} did not accept ssh before the deadline ({reason}); fix: check --ssh-cidr and "
-                    f"--key-name/--identity-file, then run up again (it converges)"
+                    f"{host.name} did not accept ssh before the deadline ({reason}); fix: check --ssh-cidr "
+                    "and --key-name/--identity-file, then run up again (it converges)"
                 )
             sleep(RETRY_INTERVAL_S)
 
 
-def put_key_parameter(ssm: Any, name: str, key: ClusterKey, cluster_id: str) -> bool:
-    """Store the private key as a SecureString (tagged, so `down` finds it). True when newly created."""
-    value = key.private.decode()
-    try:
-        ssm.put_parameter(
-            Name=name,
-            Value=value,
-            Type="SecureString",
-            Description="gaudi-cluster: the cluster's ssh private key",
-            Tags=tags(cluster_id),
-        )
-        return True
-    except ssm.exceptions.ParameterAlreadyExists:
-        # Tags cannot go with Overwrite; the existing parameter already carries them.
-        ssm.put_parameter(Name=name, Value=value, Type="SecureString", Overwrite=True)
-        return False
+# -- SSM Parameter Store ------------------------------------------------------------------------------------
+
+
+def put_key_parameters(
+    ssm: Any, names: Mapping[str, str], keys: ClusterKeys, cluster_id: str, journal: Resources
+) -> None:
+    """Store each secret file as a SecureString (tagged, so `down` finds it); each name goes to the journal
+    as it is stored."""
+    for file, name in names.items():
+        value = keys.secret(file).decode()
+        with calling("PutParameter"):
+            try:
+                ssm.put_parameter(
+                    Name=name,
+                    Value=value,
+                    Type="SecureString",
+                    Description=f"gaudi-cluster: the cluster's {file}, until every node has it",
+                    Tags=tags(cluster_id),
+                )
+            except ssm.exceptions.ParameterAlreadyExists:
+                # Tags cannot go with Overwrite; the existing parameter already carries them.
+                ssm.put_parameter(Name=name, Value=value, Type="SecureString", Overwrite=True)
+        journal.parameters.append(name)
+        log.info("stored %s as SecureString %s", file, name)
+
+
+def delete_key_parameters(ssm: Any, names: Iterable[str]) -> None:
+    for name in names:
+        with tolerating_gone(), calling("DeleteParameter"):
+            ssm.delete_parameter(Name=name)
+        log.info("deleted SSM parameter %s: every node has its keys", name)
+
+
+def _text(data: bytes | str | None) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
 
 
 def _last_line(data: bytes | str | None) -> str:
-    text = data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    lines = [line.strip() for line in _text(data).strip().splitlines() if line.strip()]
     return lines[-1][:200] if lines else ""

@@ -16,6 +16,8 @@ from gaudi_cluster.aws.calls import (
 )
 from gaudi_cluster.aws.diff import Existing, ExistingNode
 from gaudi_cluster.aws.facts import (
+    DEFAULT_INSTANCE_TYPE,
+    DL1_REGIONS,
     LIVE_STATES,
     TAG_CLUSTER,
     GaudiType,
@@ -45,13 +47,13 @@ class Reads(CloudBase):
             if error.code in ("InvalidInstanceType", "InvalidParameterValue"):
                 raise ConfigError(
                     f"--instance-type {name} is not an EC2 instance type in {self.region}; "
-                    "fix: --instance-type dl1.24xlarge"
+                    f"fix: {self._elsewhere(name)}"
                 ) from None
             raise
         types = answer.get("InstanceTypes") or []
         if not types:
             raise ConfigError(
-                f"--instance-type {name} is not offered in {self.region}; fix: --instance-type dl1.24xlarge"
+                f"--instance-type {name} is not offered in {self.region}; fix: {self._elsewhere(name)}"
             )
         info = types[0]
         network = info.get("NetworkInfo") or {}
@@ -63,6 +65,14 @@ class Reads(CloudBase):
             efa_supported=bool(network.get("EfaSupported", False)),
             max_efa_interfaces=int((network.get("EfaInfo") or {}).get("MaximumEfaInterfaces", 0)),
         )
+
+    def _elsewhere(self, name: str) -> str:
+        """What to change when this region lacks `name`: the region when it is DL1's own type (asking
+        for the same type again would not help), else the type."""
+        if name != DEFAULT_INSTANCE_TYPE:
+            return f"--instance-type {DEFAULT_INSTANCE_TYPE}"
+        regions = [region for region in DL1_REGIONS if region != self.region] or list(DL1_REGIONS)
+        return f"--region {' or '.join(regions)} (where EC2 offers {name})"
 
     def offered_zones(self, instance_type: str) -> list[str]:
         offerings = self._pages(
@@ -238,7 +248,7 @@ class Reads(CloudBase):
             address_allocation=address.get("AllocationId"),
             address_public_ip=address.get("PublicIp"),
             address_interface=address.get("NetworkInterfaceId"),
-            parameter=parameters[0] if parameters else None,
+            parameters=tuple(parameters),
         )
 
     def _instances(self, cluster_id: str, states: Sequence[str]) -> list[ExistingNode]:
@@ -267,6 +277,13 @@ class Reads(CloudBase):
             ParameterFilters=[{"Key": f"tag:{TAG_CLUSTER}", "Values": [cluster_id]}],
         )
         return [str(p["Name"]) for p in found]
+
+    def console_output(self, instance_id: str) -> str:
+        """What the instance printed on its console, newest first-hand (Latest: Nitro instances, as DL1)."""
+        with calling("GetConsoleOutput"):
+            answer = self.ec2.get_console_output(InstanceId=instance_id, Latest=True)
+        # botocore has already decoded the API's base64; absent until the instance printed anything.
+        return str(answer.get("Output") or "")
 
     def status(self, cluster_id: str) -> tuple[list[ExistingNode], str | None]:
         nodes = self._instances(cluster_id, (*LIVE_STATES, "shutting-down"))

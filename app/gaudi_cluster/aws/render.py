@@ -23,11 +23,12 @@ def render_plan(spec: ClusterSpec, existing: Existing, changes: Diff, quota: Quo
         f"in {spec.az} ({r.region}), subnet {spec.subnet_id} of {spec.vpc_id}",
         f"AMI: {spec.ami.image_id} {spec.ami.name!r} (created {spec.ami.created or 'unknown'})",
     ]
-    if spec.parameter_name is not None:
-        lines.append(
-            f"  {mark(changes.create_parameter)} SSM parameter {spec.parameter_name} "
-            "(SecureString: the cluster key)"
-        )
+    for file, name in spec.parameter_names.items():
+        if changes.create_parameters or name in existing.parameters:
+            lines.append(
+                f"  {mark(changes.create_parameters)} SSM parameter {name} "
+                f"(SecureString: {file}; deleted once the new nodes have it)"
+            )
     group = existing.security_group_id or "(new)"
     lines.append(f"  {mark(changes.create_security_group)} security group {spec.security_group_name} {group}")
     new_group = changes.create_security_group
@@ -77,9 +78,13 @@ def render_plan(spec: ClusterSpec, existing: Existing, changes: Diff, quota: Quo
 
 def _key_delivery_line(spec: ClusterSpec) -> str:
     if spec.request.key_delivery == "ssm":
-        return f"SSM Parameter Store SecureString {spec.parameter_name}, read by each node at boot"
+        return (
+            "SSM Parameter Store SecureStrings, read by each new node at boot (the client key by the "
+            "master only), deleted once the new nodes' consoles say they have their keys"
+        )
     return (
-        f"over ssh after boot (from {spec.request.ssh_cidr}, workers through the master); never in user data"
+        f"over ssh after boot (from {spec.request.ssh_cidr}, workers through the master), to host keys "
+        "pinned from each instance's console; the client key to the master only; never in user data"
     )
 
 

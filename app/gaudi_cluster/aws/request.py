@@ -15,7 +15,9 @@ from gaudi_cluster.aws.facts import (
     DEFAULT_SSH_USER,
     DEFAULT_WAIT_TIMEOUT_S,
     MAX_NODES,
+    SECRETS_OF_ROLE,
     SYNAPSE_PROFILE,
+    WIDEST_SSH_PREFIX,
 )
 from gaudi_cluster.errors import ConfigError
 
@@ -45,6 +47,7 @@ class Request:
     instance_type: str = DEFAULT_INSTANCE_TYPE
     key_name: str | None = None
     ssh_cidr: str | None = None
+    allow_wide_ssh_source: bool = False
     ssh_user: str = DEFAULT_SSH_USER
     placement_group: bool = True
     image: str = DEFAULT_IMAGE
@@ -73,9 +76,10 @@ def resource_name(cluster_id: str) -> str:
     return f"gaudi-cluster-{cluster_id}"
 
 
-def parameter_name(cluster_id: str) -> str:
-    """SSM Parameter Store name of the cluster's private key (SecureString)."""
-    return f"/gaudi-cluster/{cluster_id}/id_ed25519"
+def parameter_names(cluster_id: str) -> dict[str, str]:
+    """SSM Parameter Store names (SecureString) of the cluster's secret key files, by file name."""
+    files = sorted({name for names in SECRETS_OF_ROLE.values() for name in names})
+    return {name: f"/gaudi-cluster/{cluster_id}/{name}" for name in files}
 
 
 def validate_cluster_id(cluster_id: str) -> str:
@@ -93,8 +97,9 @@ def validate_region(region: str) -> str:
     return region
 
 
-def normalize_cidr(text: str) -> str:
-    """The caller's CIDR for ssh ingress; refuses the whole internet (that is what the flag prevents)."""
+def normalize_cidr(text: str, allow_wide: bool = False) -> str:
+    """The caller's CIDR for ssh ingress: never the whole internet, and nothing wider than a /16 (IPv6:
+    /48) unless the user says so with --allow-wide-ssh-source."""
     try:
         network = ipaddress.ip_network(text.strip(), strict=False)
     except ValueError:
@@ -104,6 +109,12 @@ def normalize_cidr(text: str) -> str:
     if network.prefixlen == 0:
         raise ConfigError(
             f"--ssh-cidr {text} would open ssh to the whole internet; fix: --ssh-cidr YOUR.IP.ADDR.ESS/32"
+        )
+    widest = WIDEST_SSH_PREFIX[network.version]
+    if network.prefixlen < widest and not allow_wide:
+        raise ConfigError(
+            f"--ssh-cidr {text} is wider than /{widest} ({network.num_addresses:,} addresses could try "
+            f"port 22); fix: --ssh-cidr YOUR.IP.ADDR.ESS/32, or --allow-wide-ssh-source if that is meant"
         )
     return str(network)
 
@@ -157,7 +168,7 @@ def validate_request(request: Request) -> Request:
             "fix: --instance-profile gaudi-node"
         )
     if request.ssh_cidr is not None:
-        request = replace(request, ssh_cidr=normalize_cidr(request.ssh_cidr))
+        request = replace(request, ssh_cidr=normalize_cidr(request.ssh_cidr, request.allow_wide_ssh_source))
     if not request.wait_timeout_s > 0:
         raise ConfigError(
             f"--wait-timeout {request.wait_timeout_s:g} must be positive; fix: --wait-timeout 900"

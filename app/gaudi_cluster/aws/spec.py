@@ -19,7 +19,7 @@ from gaudi_cluster.aws.facts import (
     GaudiType,
     InstanceTypeFacts,
 )
-from gaudi_cluster.aws.request import Request, parameter_name, resource_name
+from gaudi_cluster.aws.request import Request, parameter_names, resource_name
 from gaudi_cluster.errors import ConfigError
 
 
@@ -114,8 +114,9 @@ class ClusterSpec:
         return resource_name(self.cluster_id) if self.request.placement_group else None
 
     @property
-    def parameter_name(self) -> str | None:
-        return parameter_name(self.cluster_id) if self.request.key_delivery == "ssm" else None
+    def parameter_names(self) -> dict[str, str]:
+        """The SSM parameters of the secret key files, by file name (none unless --key-delivery ssm)."""
+        return parameter_names(self.cluster_id) if self.request.key_delivery == "ssm" else {}
 
 
 def tags(cluster_id: str, **extra: str) -> list[dict[str, str]]:

@@ -1,5 +1,5 @@
 """`gaudi-cluster aws up` (and the checks `plan` shares): resolve every input against the region,
-create what is missing, deliver the cluster key, print how to reach the master.
+create what is missing, deliver the keys (delivery.py), print how to reach the master.
 
 A failure while creating rolls back what that run created (--on-failure keep leaves it, tagged);
 Ctrl-C leaves only tagged resources, which `down` removes.
@@ -14,13 +14,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from gaudi_cluster.aws import delivery, ec2, facts, keys, render
 from gaudi_cluster.aws import diff as diffs
-from gaudi_cluster.aws import ec2, facts, keys, render
 from gaudi_cluster.aws import request as inputs
 from gaudi_cluster.aws import spec as specs
 from gaudi_cluster.aws.diff import Diff, Existing
 from gaudi_cluster.aws.ec2 import Cloud, Resources
-from gaudi_cluster.aws.facts import TAG_CLUSTER, QuotaCheck
+from gaudi_cluster.aws.facts import SECRETS_OF_ROLE, TAG_CLUSTER, QuotaCheck
 from gaudi_cluster.aws.request import Request
 from gaudi_cluster.aws.spec import ClusterSpec, NodeSpec
 from gaudi_cluster.aws.userdata import NodeBoot, render_user_data
@@ -43,6 +43,7 @@ def request_from(args: argparse.Namespace) -> Request:
             instance_type=args.instance_type,
             key_name=args.key_name,
             ssh_cidr=args.ssh_cidr,
+            allow_wide_ssh_source=args.allow_wide_ssh_source,
             ssh_user=args.ssh_user,
             placement_group=args.placement_group == "cluster",
             image=args.image,
@@ -86,9 +87,9 @@ def resolve(cloud: Cloud, request: Request) -> Resolved:
 
 
 def run_up(args: argparse.Namespace) -> int:
-    """`gaudi-cluster aws up`: check everything, create what is missing, deliver the key, print the login."""
+    """`gaudi-cluster aws up`: check everything, create what is missing, deliver the keys, print the login."""
     request = request_from(args)
-    key = keys.read_cluster_key(request.keys_dir)
+    cluster_keys = keys.read_cluster_keys(request.keys_dir)
     run_node = read_run_node(args.run_node)
     identity = args.identity_file
     if identity is not None and not identity.is_file():
@@ -112,20 +113,19 @@ def run_up(args: argparse.Namespace) -> int:
             image=request.image,
             image_s3=request.image_s3,
             peers=peers,
-            key_parameter=spec.parameter_name,
+            public_keys=cluster_keys.public_keys(),
+            # Each role reads only its own files; the client key is the master's alone.
+            key_parameters={f: n for f, n in spec.parameter_names.items() if f in SECRETS_OF_ROLE[node.role]},
         )
         return render_user_data(boot, run_node)
 
-    def put_parameter() -> None:
-        assert spec.parameter_name is not None
-        with ec2.calling("PutParameter"):
-            keys.put_key_parameter(cloud.ssm, spec.parameter_name, key, spec.cluster_id)
-        log.info("stored the cluster key as SecureString %s", spec.parameter_name)
+    def put_parameters(journal: Resources) -> None:
+        keys.put_key_parameters(cloud.ssm, spec.parameter_names, cluster_keys, spec.cluster_id, journal)
 
     journal = Resources()
     try:
         converged = cloud.converge(
-            spec, resolved.existing, resolved.changes, user_data_for, put_parameter, journal, deadline
+            spec, resolved.existing, resolved.changes, user_data_for, put_parameters, journal, deadline
         )
     except KeyboardInterrupt:
         print(
@@ -138,27 +138,32 @@ def run_up(args: argparse.Namespace) -> int:
     except GaudiClusterError as error:
         raise after_failure(cloud, request, journal, error) from None
     ssh_config = None
-    if request.key_delivery == "ssh":
-        assert converged.public_ip is not None
-        workers = {f"node-{n.index}": n.private_ip or "" for n in converged.nodes[1:]}
-        config = ssh_config = keys.write_ssh_config(
-            keys.state_dir(spec.cluster_id),
-            request.ssh_user,
-            identity,
-            converged.public_ip,
-            workers,
-            keys.ssh_program(),
-        )
-        try:
-            keys.deliver_over_ssh(["master", *workers], key, config, deadline, ssh=keys.ssh_program())
-        except GaudiClusterError as error:
-            head, _, fix = str(error).partition("; fix: ")
-            failure = GaudiClusterError(
-                f"the cluster is up but {head}; fix: {fix or 'run up again'} (gaudi-cluster aws down "
-                f"{spec.cluster_id} deletes it)"
+    try:
+        if request.key_delivery == "ssh":
+            assert converged.public_ip is not None
+            ssh_config = delivery.deliver_over_ssh(
+                cloud,
+                converged.nodes,
+                converged.public_ip,
+                cluster_keys,
+                keys.state_dir(spec.cluster_id),
+                request.ssh_user,
+                identity,
+                deadline,
             )
-            failure.exit_code = error.exit_code
-            raise failure from None
+        else:
+            launched = {n.index for n in resolved.changes.launch}
+            delivery.receive_over_ssm(
+                cloud, converged.nodes, launched, resolved.existing.parameters, spec.parameter_names, deadline
+            )
+    except GaudiClusterError as error:
+        head, _, fix = str(error).partition("; fix: ")
+        failure = GaudiClusterError(
+            f"the cluster is up but {head}; fix: {fix or 'run up again'} (gaudi-cluster aws down "
+            f"{spec.cluster_id} deletes it)"
+        )
+        failure.exit_code = error.exit_code
+        raise failure from None
     lines = [f"cluster {spec.cluster_id} is up: {len(converged.nodes)} node(s) running"]
     lines += [f"  node {n.index} {n.role}: {n.instance_id} {n.private_ip}" for n in converged.nodes]
     shown_identity = (

@@ -1,0 +1,294 @@
+"""What k8s/ does against a hostile pod on the cluster network (issue 23), checked offline on the rendered
+variants: no service-account token, the runtime's default seccomp profile, no privilege escalation, a
+NetworkPolicy that admits only the job's own pods to the ports the job listens on, and key directories
+that give the client key to the master alone (workers: the public key and the host identity). The init
+container that assembles the Indexed Job's key directory is run here for real, with /bin/sh, on files
+laid out as the kubelet lays out a projected volume.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import PurePosixPath
+from typing import Any
+
+import pytest
+import yaml
+from gaudi_cluster.settings.config import resolve_config
+
+from tests.k8s.kubelet import secret_volume
+from tests.k8s.rendered import (
+    INDEXED_JOB,
+    K8S,
+    MPIJOB,
+    ROOT,
+    VARIANTS,
+    Rendered,
+    all_pod_templates,
+    env_of,
+    indexed,
+    mounts_of,
+    mpijob,
+    node_container,
+    only,
+    replica,
+    volume,
+)
+from tests.support.kubernetes import kustomize
+
+HOST_KEY_SECRET = "gaudi-cluster-host-key"
+CLIENT_KEY_SECRET = "gaudi-cluster-keys"
+HOST_IDENTITY = {"ssh_host_ed25519_key", "ssh_host_ed25519_key.pub"}
+KEY_DIR = "/run/secrets/gaudi-cluster"
+# The label each controller puts on every pod of a job: the Job controller's, the MPI Operator's.
+JOB_LABEL = {INDEXED_JOB: "batch.kubernetes.io/job-name", MPIJOB: "training.kubeflow.org/job-name"}
+PORT_RANGE_SYSCTL = "net.ipv4.ip_local_port_range"
+
+
+@pytest.fixture(scope="module")
+def rendered() -> Rendered:
+    return {variant: kustomize(K8S / variant) for variant in VARIANTS}
+
+
+def containers_of(pod_spec: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*pod_spec.get("initContainers", []), *pod_spec["containers"]]
+
+
+def job_name(rendered: Rendered, variant: str) -> str:
+    kind = "MPIJob" if variant == MPIJOB else "Job"
+    return str(only(rendered[variant], kind)["metadata"]["name"])
+
+
+def is_owner_only(mode: int) -> bool:
+    return mode & 0o077 == 0
+
+
+# --- the pods ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_no_pod_gets_a_service_account_token(rendered, variant):
+    for where, template in all_pod_templates(rendered, variant):
+        assert template["spec"]["automountServiceAccountToken"] is False, where
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_pod_runs_under_the_runtimes_default_seccomp_profile(rendered, variant):
+    for where, template in all_pod_templates(rendered, variant):
+        assert template["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, where
+        for container in containers_of(template["spec"]):
+            # A container's own profile would replace the pod's.
+            assert "seccompProfile" not in container.get("securityContext", {}), (where, container["name"])
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_no_container_can_gain_privileges(rendered, variant):
+    for where, template in all_pod_templates(rendered, variant):
+        for container in containers_of(template["spec"]):
+            context = container.get("securityContext", {})
+            what = (where, container["name"])
+            assert context.get("allowPrivilegeEscalation") is False, what
+            assert not context.get("privileged", False), what
+            # Habana's one capability for its containers; the API server refuses no_new_privs with SYS_ADMIN.
+            assert set(context.get("capabilities", {}).get("add", [])) <= {"SYS_NICE"}, what
+
+
+# --- the network policy ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_only_the_jobs_own_pods_reach_its_ports(rendered, variant):
+    policy = only(rendered[variant], "NetworkPolicy")
+    own = {JOB_LABEL[variant]: job_name(rendered, variant)}
+    spec = policy["spec"]
+    assert spec["podSelector"] == {"matchLabels": own}
+    assert spec["policyTypes"] == ["Ingress"]
+    config = resolve_config({}, only(rendered[variant], "ConfigMap")["data"])
+    # The job's own pods (this namespace, this label: no namespaceSelector, no ipBlock) reach its ports;
+    # anyone else at most the metrics port, when the settings turn it on (Prometheus scrapes it).
+    own_rules = [r for r in spec["ingress"] if r["from"] == [{"podSelector": {"matchLabels": own}}]]
+    others = [r for r in spec["ingress"] if r not in own_rules]
+    assert len(own_rules) == 1, spec["ingress"]
+    rule = own_rules[0]
+    if config.metrics_port is None:
+        assert others == []
+    else:
+        assert others == [
+            {"from": [{"namespaceSelector": {}}], "ports": [{"protocol": "TCP", "port": config.metrics_port}]}
+        ]
+    singles = {p["port"] for p in rule["ports"] if "endPort" not in p}
+    assert singles == {config.ssh_port, config.control_port, config.master_port}
+    (span,) = [(p["port"], p["endPort"]) for p in rule["ports"] if "endPort" in p]
+    assert all(p["protocol"] == "TCP" for p in rule["ports"])
+    # The collectives listen on ephemeral ports: the policy's range is the one every pod pins.
+    for where, template in all_pod_templates(rendered, variant):
+        sysctls = {s["name"]: s["value"] for s in template["spec"]["securityContext"]["sysctls"]}
+        assert tuple(map(int, sysctls[PORT_RANGE_SYSCTL].split())) == span, where
+    assert not singles & set(range(span[0], span[1] + 1)), "a fixed port inside the ephemeral range"
+
+
+def test_the_policy_selects_pods_the_controllers_label(rendered):
+    # The Indexed Job's Service selects by the same label the policy does.
+    job, service = indexed(rendered)
+    assert service["spec"]["selector"] == {JOB_LABEL[INDEXED_JOB]: job["metadata"]["name"]}
+    assert only(rendered[INDEXED_JOB], "NetworkPolicy")["metadata"]["name"] == job["metadata"]["name"]
+    assert only(rendered[MPIJOB], "NetworkPolicy")["metadata"]["name"] == mpijob(rendered)["metadata"]["name"]
+
+
+# --- keys: Indexed Job -----------------------------------------------------------------------------
+
+
+def keys_init_container(pod_spec: dict[str, Any]) -> dict[str, Any]:
+    (found,) = [c for c in pod_spec["initContainers"] if c["name"] == "keys"]
+    return found
+
+
+def test_indexed_job_nodes_read_a_key_directory_the_init_container_filled(rendered):
+    job, _ = indexed(rendered)
+    pod = job["spec"]["template"]["spec"]
+    container = node_container(pod)
+    assert env_of(container)["GAUDI_CLUSTER_SSH_DIR"] == KEY_DIR
+    mounts = mounts_of(container)
+    secret_volumes = {v["name"] for v in pod["volumes"] if "secret" in v or "projected" in v}
+    # The node container sees no Secret at all: only the in-memory directory, read-only.
+    assert not secret_volumes & mounts.keys()
+    assert mounts["ssh-dir"]["mountPath"] == KEY_DIR and mounts["ssh-dir"]["readOnly"] is True
+    assert volume(pod, "ssh-dir")["emptyDir"]["medium"] == "Memory"
+    init = keys_init_container(pod)
+    assert mounts_of(init)["ssh-dir"]["mountPath"] == KEY_DIR
+    assert not mounts_of(init)["ssh-dir"].get("readOnly", False)
+
+
+def test_indexed_job_client_key_reaches_only_the_init_container(rendered):
+    job, _ = indexed(rendered)
+    pod = job["spec"]["template"]["spec"]
+    client = volume(pod, "client-key")["secret"]
+    assert client["secretName"] == CLIENT_KEY_SECRET
+    assert client["items"] == [{"key": "id_ed25519", "path": "id_ed25519"}]
+    assert is_owner_only(client["defaultMode"])
+    users = [c["name"] for c in containers_of(pod) if "client-key" in mounts_of(c)]
+    assert users == ["keys"]
+    # What every pod may read: the public key and the host identity, nothing from which a login follows.
+    projected = volume(pod, "node-keys")["projected"]
+    assert is_owner_only(projected["defaultMode"])
+    items = {
+        source["secret"]["name"]: {item["path"] for item in source["secret"]["items"]}
+        for source in projected["sources"]
+    }
+    assert items == {CLIENT_KEY_SECRET: {"id_ed25519.pub"}, HOST_KEY_SECRET: HOST_IDENTITY}
+
+
+@pytest.mark.parametrize(("index", "is_master"), [("0", True), ("1", False), ("10", False), (None, False)])
+def test_the_key_init_container_gives_the_client_key_to_index_0_only(rendered, tmp_path, index, is_master):
+    job, _ = indexed(rendered)
+    pod = job["spec"]["template"]["spec"]
+    init = keys_init_container(pod)
+    assert init["command"] == ["/bin/sh", "-ec"]
+    script, zero, *paths = init["args"]
+    mounts = mounts_of(init)
+    assert paths == [mounts[name]["mountPath"] for name in ("node-keys", "client-key", "ssh-dir")]
+    # Stand-ins: what the script does with the bytes does not depend on them being keys.
+    public = {"id_ed25519.pub": b"ssh-ed25519 AAAA\n", "ssh_host_ed25519_key.pub": b"ssh-ed25519 BBBB\n"}
+    node_keys = secret_volume(
+        tmp_path / "node-keys", {**public, "ssh_host_ed25519_key": b"host secret\n"}, 0o400
+    )
+    client = secret_volume(tmp_path / "client-key", {"id_ed25519": b"client secret\n"}, 0o400)
+    out = tmp_path / "ssh-dir"
+    out.mkdir()
+    env = {"PATH": os.environ["PATH"], **({"JOB_COMPLETION_INDEX": index} if index is not None else {})}
+    done = subprocess.run(
+        ["/bin/sh", "-ec", script, zero, str(node_keys), str(client), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    expected = {"id_ed25519.pub", *HOST_IDENTITY} | ({"id_ed25519"} if is_master else set())
+    assert {p.name for p in out.iterdir()} == expected
+    for made in out.iterdir():
+        assert made.is_file() and not made.is_symlink() and made.stat().st_mode & 0o777 == 0o400, made
+    assert (out / "ssh_host_ed25519_key").read_bytes() == b"host secret\n"
+    # The log names files, never their content.
+    assert "secret" not in done.stdout + done.stderr
+    assert re.search(rf"index {index if index is not None else '[?]'}:", done.stdout), done.stdout
+
+
+# --- keys: MPIJob ----------------------------------------------------------------------------------
+
+
+def projected_items(pod_spec: dict[str, Any]) -> dict[str, set[tuple[str, str]]]:
+    sources = volume(pod_spec, "ssh-dir")["projected"]["sources"]
+    return {s["secret"]["name"]: {(i["key"], i["path"]) for i in s["secret"]["items"]} for s in sources}
+
+
+def test_mpijob_key_directory_holds_the_operators_keys_and_the_host_identity(rendered):
+    name = mpijob(rendered)["metadata"]["name"]
+    operator_mount = PurePosixPath(mpijob(rendered)["spec"]["sshAuthMountPath"])
+    public = {("ssh-publickey", "id_rsa.pub"), ("ssh-publickey", "authorized_keys")}
+    host = {(file, file) for file in HOST_IDENTITY}
+    wanted = {
+        # The launcher runs the master: it alone gets the operator's private key in its key directory.
+        "Launcher": {f"{name}-ssh": {("ssh-privatekey", "id_rsa"), *public}, HOST_KEY_SECRET: host},
+        "Worker": {f"{name}-ssh": public, HOST_KEY_SECRET: host},
+    }
+    for role, items in wanted.items():
+        pod = replica(rendered, role)["template"]["spec"]
+        container = node_container(pod)
+        assert projected_items(pod) == items, role
+        assert is_owner_only(volume(pod, "ssh-dir")["projected"]["defaultMode"]), role
+        mount = mounts_of(container)["ssh-dir"]
+        assert mount["mountPath"] == env_of(container)["GAUDI_CLUSTER_SSH_DIR"] == KEY_DIR, role
+        assert mount["readOnly"] is True, role
+        # The operator's own mount (its whole Secret) is elsewhere, and not the directory the image reads.
+        assert PurePosixPath(KEY_DIR) not in (operator_mount, *operator_mount.parents), role
+        assert operator_mount not in PurePosixPath(KEY_DIR).parents, role
+
+
+def test_mpijob_copies_follow_a_rename(tmp_path):
+    copy = tmp_path / "k8s"
+    shutil.copytree(K8S, copy)
+    path = copy / MPIJOB / "mpijob.yaml"
+    doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    doc["metadata"]["name"] = "llm-ssh-run"  # holds "-ssh" itself: only the suffix may be replaced
+    path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+
+    docs = kustomize(copy / MPIJOB)
+    job, policy = only(docs, "MPIJob"), only(docs, "NetworkPolicy")
+    for role in ("Launcher", "Worker"):
+        pod = job["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]
+        assert "llm-ssh-run-ssh" in projected_items(pod), role
+    own = {"matchLabels": {JOB_LABEL[MPIJOB]: "llm-ssh-run"}}
+    assert policy["metadata"]["name"] == "llm-ssh-run"
+    assert policy["spec"]["podSelector"] == own
+    assert policy["spec"]["ingress"][0]["from"] == [{"podSelector": own}]
+
+
+# --- docs ------------------------------------------------------------------------------------------
+
+
+def test_docs_create_the_secrets_the_pods_read(rendered):
+    docs = (ROOT / "docs" / "kubernetes.md").read_text(encoding="utf-8")
+    command = r"kubectl create secret generic (\S+)((?:\s+\\?\s*--from-file=\S+)+)"
+    commands = {
+        name: {PurePosixPath(f).name for f in re.findall(r"--from-file=(\S+)", files)}
+        for name, files in re.findall(command, docs)
+    }
+    assert commands == {
+        CLIENT_KEY_SECRET: {"id_ed25519", "id_ed25519.pub"},
+        HOST_KEY_SECRET: HOST_IDENTITY,
+    }
+    # Every key a pod reads from one of our Secrets is a file the command puts in it.
+    for variant in VARIANTS:
+        for where, template in all_pod_templates(rendered, variant):
+            for spec in template["spec"].get("volumes", []):
+                sources = [s["secret"] for s in spec.get("projected", {}).get("sources", [])]
+                if "secret" in spec:
+                    sources.append({"name": spec["secret"]["secretName"], **spec["secret"]})
+                for source in sources:
+                    if source["name"] in commands:
+                        keys = {item["key"] for item in source["items"]}
+                        assert keys <= commands[source["name"]], (where, source["name"])
