@@ -15,13 +15,15 @@ from bench.common import Ctx, Row, Target, stat
 
 
 def _authenticated(server, token: str, ranks: int) -> float:
-    from gaudi_cluster.wire.channel import authenticate, connect
+    from gaudi_cluster.wire import protocol
+    from gaudi_cluster.wire.channel import Identity, authenticate, connect
 
     channels = []
     started = time.perf_counter()
     for rank in range(ranks):
         channel = connect(f"127.0.0.1:{server.port}", 5)
-        authenticate(channel, token, server.job_id, "bench-host", rank, 1)
+        key = protocol.node_key(token, "bench-host")
+        authenticate(channel, Identity(key, "bench-host", server.job_id, "bench-host", rank, 1))
         channels.append(channel)
     elapsed = time.perf_counter() - started
     for channel in channels:
@@ -76,7 +78,7 @@ def run_handshake(ctx: Ctx) -> list[Row]:
     return [
         Row(
             "control.handshake",
-            f"Control channel handshake per rank ({ranks} agents, loopback, authenticated HMAC challenge)",
+            f"Control channel handshake per rank ({ranks} agents, loopback, node key, mutual proof, session MACs)",
             "ms",
             stat(ours),
             stat(theirs),
@@ -90,12 +92,13 @@ _AGENTS = """
 import json, sys, threading, time
 sys.path.insert(0, sys.argv[4])
 from gaudi_cluster.wire import protocol
-from gaudi_cluster.wire.channel import authenticate, connect
+from gaudi_cluster.wire.channel import Identity, authenticate, connect
 port, token, ranks, seconds = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), float(sys.argv[5])
 sizes = []
 def agent(rank):
     channel = connect(f"127.0.0.1:{port}", 10)
-    authenticate(channel, token, "bench-job", "bench-host", rank, 1, rank % 8)
+    key = protocol.node_key(token, "bench-host")
+    authenticate(channel, Identity(key, "bench-host", "bench-job", "bench-host", rank, 1, rank % 8))
     sent, step, end = -1, 0, time.time() + seconds
     while time.time() < end:
         step += 2  # two steps a second, each with its work time

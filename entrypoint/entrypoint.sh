@@ -160,7 +160,9 @@ ep_install_keys() {
 	authorized="$dir/$name.pub"
 	[[ "$name" != "$EP_OPERATOR_KEY_NAME" || ! -s "$dir/authorized_keys" ]] || authorized="$dir/authorized_keys"
 	install -d -m 0700 "$EP_ROOT_SSH"
-	install -m 0600 "$authorized" "$EP_ROOT_SSH/authorized_keys"
+	# restrict: the cluster key opens a shell for launches, never a forwarded port, agent or X11.
+	sed -E 's/^(ssh-|ecdsa-|sk-)/restrict \1/' "$authorized" >"$EP_ROOT_SSH/authorized_keys"
+	chmod 0600 "$EP_ROOT_SSH/authorized_keys"
 	if [[ -e "$dir/$name" ]]; then
 		install -m 0600 "$dir/$name" "$EP_ROOT_SSH/$name"
 		install -m 0644 "$dir/$name.pub" "$EP_ROOT_SSH/$name.pub"
@@ -168,11 +170,23 @@ ep_install_keys() {
 	fi
 }
 
-# ep_host_keys: this container's own host key (never in the image), kept across restarts. Ed25519
-# only: every client here speaks it, and `ssh-keygen -A` would spend ~0.8 s of CPU on an RSA-3072 key
-# at every node start.
+# ep_host_keys: the cluster's host key from the secret (make keys), which every client here pins;
+# without one, this container's own key (never in the image), kept across restarts, and clients accept
+# a new node's key on first contact. Ed25519 only: every client here speaks it, and `ssh-keygen -A`
+# would spend ~0.8 s of CPU on an RSA-3072 key at every node start.
 ep_host_keys() {
-	local key="$EP_ETC_SSH/ssh_host_ed25519_key"
+	local key="$EP_ETC_SSH/ssh_host_ed25519_key" given
+	given="$(ep_ssh_dir)/ssh_host_ed25519_key"
+	if [[ -s "$given" && -s "$given.pub" ]]; then
+		install -m 0600 "$given" "$key"
+		install -m 0644 "$given.pub" "$key.pub"
+		# Clients on this node (a user's pdsh or mpirun on a held cluster, mpirun's tree spawn)
+		# accept the cluster's key for every node and nothing else.
+		printf '* %s\n' "$(cut -d' ' -f1,2 "$given.pub")" >"$EP_ETC_SSH/ssh_known_hosts"
+		mkdir -p "$EP_ETC_SSH/ssh_config.d"
+		printf 'Host *\n    StrictHostKeyChecking yes\n' >"$EP_ETC_SSH/ssh_config.d/05-gaudi-cluster-pinned.conf"
+		return
+	fi
 	[[ -s "$key" ]] || ssh-keygen -q -t ed25519 -N "" -C "" -f "$key"
 }
 

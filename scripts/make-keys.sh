@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# make-keys.sh [DIR]: the cluster's one ssh key pair (ed25519) in DIR (default .keys, git-ignored).
-# DIR 0700, DIR/id_ed25519 0600, DIR/id_ed25519.pub 0644. Idempotent: an existing pair is kept (and its
-# modes repaired). Mount DIR read-only at /run/secrets/gaudi-cluster on every node.
-# Never prints the private key.
+# make-keys.sh [DIR]: the cluster's ssh identity in DIR (default .keys, git-ignored):
+#   id_ed25519 (+ .pub)              the client key pair: the master logs in to the nodes with it
+#   ssh_host_ed25519_key (+ .pub)    the cluster's host key: every node's sshd answers with it, and
+#                                    clients accept no other (StrictHostKeyChecking yes against it)
+#   worker/                          what a worker gets: id_ed25519.pub and the host key, never the
+#                                    client's private key
+# DIR and DIR/worker 0700, private keys 0600, public ones 0644. Idempotent: existing keys are kept (and
+# their modes repaired). Mount DIR read-only at /run/secrets/gaudi-cluster on the master, DIR/worker on
+# every worker. A shared host key rather than a host CA: signing each container's key at start would
+# need the CA's private key on every node, which is no smaller a secret. Never prints a private key.
 set -Eeuo pipefail
 
 dir="${1:-.keys}"
@@ -30,3 +36,20 @@ fi
 chmod 0600 "$key"
 chmod 0644 "$key.pub"
 ssh-keygen -l -f "$key.pub" >&2
+
+host_key="$dir/ssh_host_ed25519_key"
+if [[ ! -e "$host_key" ]]; then
+	ssh-keygen -q -t ed25519 -N '' -C gaudi-cluster-host -f "$host_key" </dev/null >/dev/null
+	note "made the cluster's host key in $dir"
+fi
+[[ -e "$host_key.pub" ]] || ssh-keygen -y -f "$host_key" >"$host_key.pub"
+chmod 0600 "$host_key"
+chmod 0644 "$host_key.pub"
+
+worker="$dir/worker"
+mkdir -p "$worker"
+chmod 0700 "$worker"
+for file in id_ed25519.pub ssh_host_ed25519_key ssh_host_ed25519_key.pub; do
+	cp -p "$dir/$file" "$worker/$file"
+done
+note "workers get $worker (public key and host key only)"

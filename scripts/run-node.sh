@@ -24,6 +24,8 @@ keys="${GAUDI_CLUSTER_KEYS:-$(pwd)/.keys}"
 output="${GAUDI_CLUSTER_OUTPUT:-/data/gaudi-cluster}"
 runtime="${GAUDI_CLUSTER_RUNTIME-habana}"
 [[ -f "$keys/id_ed25519.pub" ]] || die "no cluster key in $keys; fix: make keys (then copy .keys to every node)"
+# A worker mounts only make keys' worker/ part: the public key and the host key, not the client key.
+[[ "$role" != worker || ! -d "$keys/worker" ]] || keys="$keys/worker"
 
 args=(run --name "gaudi-cluster-$role" --rm --net=host --ipc=host --cap-add=sys_nice
 	--ulimit memlock=-1:-1 --stop-timeout 60

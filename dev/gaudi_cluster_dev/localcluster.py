@@ -70,7 +70,13 @@ class LocalCluster:
         # Internal: the training fabric is not published to the host or the outside.
         docker("network", "create", "--internal", "--label", f"{LABEL}={self.name}", self.network)
 
-    def _common_args(self, name: str, hostname: str) -> list[str]:
+    def keys_for(self, role: str) -> Path:
+        """What a node mounts: the master all of make keys' directory, a worker only its worker/ part
+        (public key and host key) when there is one."""
+        workers_part = self.key_dir / "worker"
+        return workers_part if role == "worker" and workers_part.is_dir() else self.key_dir
+
+    def _common_args(self, name: str, hostname: str, role: str = "master") -> list[str]:
         args = [
             "--name",
             name,
@@ -83,7 +89,7 @@ class LocalCluster:
             "--shm-size",
             "1g",
             "-v",
-            f"{self.key_dir.resolve()}:{KEY_MOUNT}:ro",
+            f"{self.keys_for(role).resolve()}:{KEY_MOUNT}:ro",
             "-e",
             f"GAUDI_CLUSTER_SLOTS={self.slots}",
             *self.run_args,
@@ -94,7 +100,7 @@ class LocalCluster:
 
     def start_workers(self, names: Sequence[str] | None = None) -> None:
         for index, name in enumerate(names or self.worker_names, start=1):
-            args = [*self._common_args(name, f"worker-{index}"), *self.worker_args.get(index, [])]
+            args = [*self._common_args(name, f"worker-{index}", "worker"), *self.worker_args.get(index, [])]
             docker("run", "-d", *args, "--network-alias", "worker", self.image, "worker")
             self.started.append(name)
 

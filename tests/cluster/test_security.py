@@ -4,6 +4,7 @@ container and from a stranger's container on the training network, with the job 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -56,3 +57,83 @@ def test_forged_messages_from_the_network_cannot_stop_the_job(make_cluster, tmp_
     worker_ip = cluster.ip_of(cluster.worker(1))
     assert any(worker_ip in line for line in refused), refused  # the worker's attempts
     assert any(worker_ip not in line for line in refused), refused  # the stranger's
+
+
+def stranger(cluster, *argv: str, timeout: float = 240) -> subprocess.Popen[str]:
+    """A container of someone else's on the training network, running the attack script."""
+    return subprocess.Popen(
+        ["docker", "run", "--rm", "--network", cluster.network, "--label", f"{LABEL}={cluster.name}",
+         cluster.image, "python", "-c", ATTACKS.read_text(), *argv],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def test_a_jammed_control_port_still_admits_every_rank(make_cluster):
+    """Nested lines and slowloris peers from the moment the control port opens, while the ranks check
+    in: every slot comes back, every handshake has its deadline, the job succeeds."""
+    cluster = make_cluster(workers=2)
+    cluster.start_workers()
+    cluster.wait_healthy(cluster.worker_names)
+    cluster.start_master(["/workspace/user/slow.py"], extra_env={"SLOW_S": "20"})
+    jam = stranger(cluster, cluster.ip_of(cluster.master), "29400", "-", "--jam", "15")
+    out, _ = jam.communicate(timeout=240)
+    assert cluster.wait_master(timeout_s=240) == 0, cluster.logs(cluster.master)[-4000:]
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["nested_sent"] > 0 and report["nested_closed"] == report["nested_sent"], report
+    assert report["slowloris"] > 0 and report["longest_held_s"] < 8, report  # cut at the 5 s deadline
+    log = cluster.logs(cluster.master)
+    assert "succeeded: 3 ranks on 3 nodes" in log
+    assert "control channel: refused" in log
+
+
+def test_an_impostor_at_a_workers_alias_is_refused_named_and_given_nothing(make_cluster, tmp_path):
+    """A container answering at the workers' DNS name with its own host key (it even holds the public
+    key, so a login would work): ssh refuses it before the probe sends the job's secrets."""
+    cluster = make_cluster(workers=2)
+    cluster.start_workers()
+    impostor_keys = tmp_path / "impostor-keys"
+    impostor_keys.mkdir(mode=0o700)
+    (impostor_keys / "id_ed25519.pub").write_bytes((cluster.key_dir / "id_ed25519.pub").read_bytes())
+    impostor = f"{cluster.name}-impostor"
+    subprocess.run(
+        ["docker", "run", "-d", "--name", impostor, "--network", cluster.network, "--network-alias", "worker",
+         "--label", f"{LABEL}={cluster.name}", "-v", f"{impostor_keys}:/run/secrets/gaudi-cluster:ro",
+         cluster.image, "worker"],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    cluster.wait_healthy([*cluster.worker_names, impostor])
+    cluster.workers = 3  # the master waits for all three names behind the alias
+    cluster.start_master(["/workspace/user/slow.py"], extra_env={"SLOW_S": "1", "MY_SECRET_TOKEN": "x"})
+    assert cluster.wait_master(timeout_s=180) == 3, cluster.logs(cluster.master)[-3000:]
+    log = cluster.logs(cluster.master)
+    assert f"{cluster.ip_of(impostor)}: answered with a host key that is not the cluster's" in log, log[
+        -3000:
+    ]
+    staged = cluster.exec(
+        impostor, "sh", "-c", "ls -R /run/gaudi-cluster/jobs; cat /proc/*/cmdline | tr '\\0' ' '"
+    )
+    assert "private.json" not in staged.stdout and "probe" not in staged.stdout, staged.stdout
+    assert "rank 0]" not in log  # nothing was launched
+
+
+def test_no_secret_reaches_deepspeeds_runner_pdsh_or_the_log(make_cluster):
+    secret = "mlflow-" + os.urandom(8).hex()
+    cluster = make_cluster(workers=2)
+    cluster.start_workers()
+    cluster.wait_healthy(cluster.worker_names)
+    cluster.start_master(
+        ["/workspace/user/slow.py"],
+        extra_env={"SLOW_S": "25", "GAUDI_CLUSTER_LAUNCHER": "deepspeed", "MLFLOW_TRACKING_PASSWORD": secret},
+    )
+    deadline, seen = time.monotonic() + 180, ""
+    while "still training" not in cluster.logs(cluster.master) and time.monotonic() < deadline:
+        time.sleep(1)
+    for name in [cluster.master, *cluster.worker_names]:
+        argv = cluster.exec(name, "sh", "-c", "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '").stdout
+        assert "pdsh" in argv or "deepspeed.launcher.launch" in argv or name != cluster.master, argv[-2000:]
+        seen += argv
+    assert cluster.wait_master(timeout_s=240) == 0, cluster.logs(cluster.master)[-4000:]
+    log = cluster.logs(cluster.master)
+    assert "[launcher]" in log and "export " in log  # DeepSpeed's runner logged its pdsh command
+    for text in (seen, log, *(cluster.logs(name) for name in cluster.worker_names)):
+        assert secret not in text

@@ -246,6 +246,16 @@ def test_sshd_effective_config_is_key_only(host):
     assert config["pubkeyauthentication"] == "yes"
     assert config["permitrootlogin"] == "without-password"
     assert config["permitemptypasswords"] == "no"
+    assert config["disableforwarding"] == "yes"  # no tunnel from one node into the others
+
+
+def test_the_cluster_key_is_restricted_and_the_host_key_is_the_clusters(host, cluster_keys):
+    authorized = host.file("/root/.ssh/authorized_keys").content_string.splitlines()
+    assert authorized and all(line.startswith("restrict ssh-") for line in authorized), authorized
+    served = host.file("/etc/ssh/ssh_host_ed25519_key.pub").content_string.split()[:2]
+    assert served == (cluster_keys / "ssh_host_ed25519_key.pub").read_text().split()[:2]
+    pinned = host.file("/etc/ssh/ssh_known_hosts").content_string
+    assert pinned == f"* {' '.join(served)}\n"
 
 
 def test_ssh_client_config(host):
@@ -254,7 +264,8 @@ def test_ssh_client_config(host):
     )
     assert config["port"] == "3022"
     assert config["batchmode"] == "yes"
-    assert config["stricthostkeychecking"] == "accept-new"
+    # The cluster's host key is mounted, so clients on the node accept no other (ssh -G says "true").
+    assert config["stricthostkeychecking"] == "true"
     assert config["connecttimeout"] == "5"
     assert config["serveraliveinterval"] == "5"
     assert config["serveralivecountmax"] == "3"

@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 
 
@@ -78,12 +79,78 @@ def half_open(host: str, port: int, count: int) -> int:
     return len(held)
 
 
+def nested(host: str, port: int, count: int) -> int:
+    """Lines that nest past the JSON parser's recursion limit (it used to kill the connection's thread
+    and leak its slot); returns how many connections the master closed."""
+    closed = 0
+    for _ in range(count):
+        with socket.create_connection((host, port), timeout=10) as sock:
+            sock.sendall(b"[" * 2000 + b"\n")
+            closed += _closed_within(sock, 10)
+    return closed
+
+
+def _trickle(host: str, port: int, until: float, held_for: list[float]) -> None:
+    """Slowloris: one byte every 0.5 s, never a whole line; records how long the master kept each."""
+    while time.monotonic() < until:
+        try:
+            sock = socket.create_connection((host, port), timeout=5)
+        except OSError:
+            time.sleep(0.2)
+            continue
+        opened = time.monotonic()
+        try:
+            while time.monotonic() < until:
+                sock.sendall(b"[")
+                time.sleep(0.5)
+        except OSError:
+            pass
+        finally:
+            held_for.append(time.monotonic() - opened)
+            sock.close()
+
+
+def jam(host: str, port: int, seconds: float, connections: int = 40) -> dict[str, object]:
+    """Keep `connections` slowloris peers on the port and nested lines coming for `seconds`, from the
+    moment it first answers: what a flood does to ranks that check in meanwhile."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, port), timeout=2).close()
+            break
+        except OSError:
+            time.sleep(0.2)
+    until = time.monotonic() + seconds
+    held_for: list[float] = []
+    threads = [
+        threading.Thread(target=_trickle, args=(host, port, until, held_for)) for _ in range(connections)
+    ]
+    for thread in threads:
+        thread.start()
+    sent = closed = 0
+    while time.monotonic() < until:
+        try:
+            closed += nested(host, port, 1)
+        except OSError:
+            break  # the job ended and its port with it
+        sent += 1
+    for thread in threads:
+        thread.join()
+    ended = [held for held in held_for if held < seconds - 1]  # cut by the master, not by our stop
+    return {"nested_sent": sent, "nested_closed": closed, "slowloris": len(held_for),
+            "longest_held_s": round(max(ended, default=0.0), 2)}  # fmt: skip
+
+
 def main(argv: list[str]) -> int:
     host, port, job = argv[0], int(argv[1]), argv[2]
+    if "--jam" in argv:
+        print(json.dumps(jam(host, port, float(argv[argv.index("--jam") + 1]))))
+        return 0
     report = {"forged_exit_closed": forged_exit(host, port, job), "garbage_dropped": garbage(host, port, job)}
     report["huge_line_closed"] = huge_line(host, port)
     if "--flood" in argv:
         report["half_open"] = half_open(host, port, 2000)
+        report["nested_closed"] = nested(host, port, 50)
     print(json.dumps(report))
     return 0
 

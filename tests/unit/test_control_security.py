@@ -5,6 +5,7 @@ A real ControlServer on loopback; the peers are real sockets speaking the protoc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import queue
@@ -16,7 +17,7 @@ import pytest
 from gaudi_cluster.supervise.control import ControlServer, EventKind
 from gaudi_cluster.view.jobview import AgentState
 from gaudi_cluster.wire import protocol
-from gaudi_cluster.wire.channel import Channel, authenticate, connect
+from gaudi_cluster.wire.channel import Channel, Identity, authenticate, connect
 
 from tests.support.ports import free_port
 
@@ -38,9 +39,15 @@ def address(server: ControlServer) -> str:
     return f"127.0.0.1:{server.port}"
 
 
-def join(server: ControlServer, rank: int = 0, host: str = HOST, token: str | None = None) -> Channel:
+def key_of(server: ControlServer, node: str = HOST) -> str:
+    return protocol.node_key(server.token, node)  # type: ignore[attr-defined]
+
+
+def join(
+    server: ControlServer, rank: int = 0, host: str = HOST, key: str | None = None, node: str | None = None
+) -> Channel:
     channel = connect(address(server), 5)
-    authenticate(channel, token or server.token, JOB, host, rank, 4242)  # type: ignore[attr-defined]
+    authenticate(channel, Identity(key or key_of(server, node or host), node or host, JOB, host, rank, 4242))
     return channel
 
 
@@ -59,13 +66,22 @@ def test_the_right_secret_is_admitted(server):
     assert next_event(server).kind is EventKind.EXIT
 
 
-def test_a_wrong_secret_is_refused_and_logged_once_with_the_peer(server, caplog):
+def test_a_wrong_key_is_refused_and_logged_once_with_the_peer(server, caplog):
     caplog.set_level(logging.WARNING, "gaudi_cluster.supervise.control")
     for _ in range(3):
-        with pytest.raises(ConnectionError, match="refused this rank: wrong job secret"):
-            join(server, token=protocol.new_token())
+        with pytest.raises(ConnectionError, match="does not prove this job's key"):
+            join(server, key=protocol.new_token())
+    time.sleep(0.3)
     refused = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
-    assert refused == ["control channel: refused 127.0.0.1: wrong job secret for rank 0 from host node-a"]
+    assert refused == ["control channel: refused 127.0.0.1: no proof within 5s (closed by the peer)"]
+    assert next_event(server, 0.5) is None
+
+
+def test_another_nodes_key_cannot_claim_this_nodes_seat(server, caplog):
+    """node-b's agents hold node-b's key only: with it they cannot sit as rank 0 of node-a."""
+    caplog.set_level(logging.WARNING, "gaudi_cluster.supervise.control")
+    with pytest.raises(ConnectionError, match="does not prove this job's key"):
+        join(server, rank=0, host=HOST, key=key_of(server, "node-b"))
     assert next_event(server, 0.5) is None
 
 
@@ -90,20 +106,37 @@ def closed(sock: socket.socket, timeout: float = 8.0) -> bool:
         return True
 
 
-def hello(server, nonce: str, rank: int = 0, host: str = HOST, job: str = JOB) -> dict:
-    mac = protocol.hello_mac(server.token, nonce, job, host, rank)
-    return {"type": "hello", "job": job, "host": host, "rank": rank, "pid": 1, "nonce": "0" * 64, "mac": mac}
+AGENT_NONCE = "0" * 64
+
+
+def hello(rank: int = 0, host: str = HOST, job: str = JOB) -> dict:
+    return {
+        "type": "hello",
+        "job": job,
+        "node": host,
+        "host": host,
+        "rank": rank,
+        "pid": 1,
+        "nonce": AGENT_NONCE,
+    }
+
+
+def proof(server, master_nonce: str, rank: int = 0, host: str = HOST) -> dict:
+    mac = protocol.proof_mac(key_of(server, host), master_nonce, AGENT_NONCE, JOB, host, host, rank)
+    return {"type": "proof", "mac": mac}
 
 
 def test_a_replayed_answer_fails_on_a_new_challenge(server):
     sock, challenge = raw(server)
-    recorded = hello(server, challenge["nonce"])
-    send(sock, recorded)
+    recorded = [hello(), proof(server, challenge["nonce"])]
+    for message in recorded:
+        send(sock, message)
     assert next_event(server).kind is EventKind.HELLO
     sock.close()
     assert next_event(server).kind is EventKind.LOST
     replay, _ = raw(server)
-    send(replay, recorded)  # same bytes, new nonce: the MAC no longer matches
+    for message in recorded:  # same bytes, new challenge: the proof no longer matches
+        send(replay, message)
     assert closed(replay)
     assert next_event(server, 0.5) is None
 
@@ -130,7 +163,7 @@ def test_a_second_hello_for_a_connected_rank_never_replaces_it(server):
     assert next_event(server).kind is EventKind.HELLO
     with pytest.raises(ConnectionError, match="rank 1 is already connected"):
         join(server, rank=1)
-    first.send({"type": "hello", **hello(server, "0" * 64, rank=1)})  # a second hello on the same line
+    first.send(hello(rank=1))  # a second hello on the same line
     first.send({"type": "beat", "step": 5, "progress_age": 0.1})
     time.sleep(0.3)
     (agent,) = server.agents()
@@ -166,20 +199,28 @@ def test_a_master_without_the_secret_cannot_command_an_agent():
     """An impostor on the control address (same job id, no secret) gets no welcome accepted, so the
     agent never starts its rank and never takes a `stop` from it."""
     listener = socket.create_server(("127.0.0.1", 0))
+    answers: list[bytes] = []
 
     def impostor() -> None:
         sock, _ = listener.accept()
         send(sock, {"type": "challenge", "nonce": "1" * 64, "job": JOB})
-        sock.makefile("rb").readline()
+        reader = sock.makefile("rb")
+        answers.append(reader.readline())  # the hello: names and a nonce, no MAC to relay
         send(sock, {"type": "welcome", "mac": "2" * 64})
         send(sock, {"type": "stop", "grace": 0})
-        time.sleep(1)
+        sock.settimeout(1)
+        with contextlib.suppress(OSError):
+            answers.append(reader.readline())
         sock.close()
 
     threading.Thread(target=impostor, daemon=True).start()
     channel = connect(f"127.0.0.1:{listener.getsockname()[1]}", 5)
-    with pytest.raises(ConnectionError, match="does not know this job's secret"):
-        authenticate(channel, protocol.new_token(), JOB, HOST, 0, 1)
+    with pytest.raises(ConnectionError, match="does not prove this job's key"):
+        authenticate(channel, Identity(protocol.new_token(), HOST, JOB, HOST, 0, 1))
+    time.sleep(1.2)
+    hello, *after = answers
+    assert "mac" not in json.loads(hello) and json.loads(hello)["node"] == HOST
+    assert after in ([], [b""])  # the agent never proved anything to it: no MAC to relay
     listener.close()
 
 
@@ -190,8 +231,8 @@ def bad_hello(**over) -> dict:
         "host": HOST,
         "rank": 0,
         "pid": 1,
+        "node": HOST,
         "nonce": "0" * 64,
-        "mac": "0" * 64,
         **over,
     }
 
@@ -205,7 +246,9 @@ BAD_MESSAGES = [
     ("negative rank", bad_hello(rank=-1)),
     ("empty host", bad_hello(host="")),
     ("long host", bad_hello(host="h" * 300)),
-    ("short mac", bad_hello(mac="ab")),
+    ("short nonce", bad_hello(nonce="ab")),
+    ("no node", bad_hello(node="")),
+    ("short proof", {"type": "proof", "mac": "ab"}),
     ("step text", {"type": "beat", "step": "12"}),
     ("step negative", {"type": "beat", "step": -3}),
     ("age nan", {"type": "beat", "progress_age": float("nan")}),
@@ -234,7 +277,9 @@ def test_hostile_messages_after_the_handshake_never_kill_the_server(server):
     channel = join(server)
     assert next_event(server).kind is EventKind.HELLO
     for _, message in BAD_MESSAGES:
-        channel.send(message)
+        if isinstance(message, dict):
+            channel.send(message)  # sealed: an agent holding the key, sending nonsense
+        channel._sock.sendall((json.dumps(message) + "\n").encode())  # and unsealed, as from the path
     channel.send({"type": "beat", "step": 3, "progress_age": 0.0})
     time.sleep(0.3)
     assert [a.step for a in server.agents()] == [3]

@@ -47,7 +47,7 @@ def test_the_plan_is_one_fanout_with_a_spec_per_node():
     assert second.agent_args[-6:] == ("--", PY, "-u", "/w/train.py", "--lr", "1")
     assert node_command(launch.nodes[0], launch) == [PY, "-u", "-m", "gaudi_cluster.launch.node"]
     assert node_command(launch.nodes[1], launch) == [
-        "ssh", "-T", "-F", "/j/ssh_config", "10.0.0.2", f"{PY} -u -m gaudi_cluster.launch.node",
+        "ssh", "-T", "-F", "/j/ssh_config", "--", "10.0.0.2", f"{PY} -u -m gaudi_cluster.launch.node",
     ]  # fmt: skip
 
 

@@ -14,6 +14,7 @@ from gaudi_cluster.env.envfile import (
 from gaudi_cluster.env.jobenv import build_env_file
 from gaudi_cluster.env.presets import GAUDINIC_DEFAULTS, PRESETS, default_socket_ifname
 from gaudi_cluster.errors import ConfigError
+from gaudi_cluster.settings import profiles
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -102,36 +103,53 @@ def test_is_forwarded(name, forwarded):
     assert is_forwarded(name) is forwarded
 
 
+# What the dl1 image's environment holds: its profile's libfabric and Open MPI, set by the build.
+DL1 = profiles.load().profile("dl1")
+DL1_ENV = {"LIBFABRIC_ROOT": DL1.libfabric_root, "MPI_ROOT": DL1.openmpi.root}
+
+
 def test_preset_efa():
-    ef = build_env_file({"LD_LIBRARY_PATH": "/opt/amazon/efa/lib:/usr/local/lib::"}, "efa", {}, "ens32")
+    environ = {**DL1_ENV, "LD_LIBRARY_PATH": f"{DL1.libfabric_root}/lib:/usr/local/lib::"}
+    ef = build_env_file(environ, "efa", {}, "ens32")
     assert ef.as_dict() == {
         **GAUDINIC_DEFAULTS,
         "FI_EFA_USE_DEVICE_RDMA": "1",
         "HCCL_OVER_OFI": "1",
         "HCCL_SOCKET_IFNAME": "ens32",
-        # The image's one libfabric first (hccl_ofi_wrapper has no RPATH), then the wrapper and OpenMPI.
-        "LD_LIBRARY_PATH": "/opt/amazon/efa/lib:/usr/lib/habanalabs:/opt/amazon/openmpi/lib:/usr/local/lib",
+        # The image's one libfabric first (hccl_ofi_wrapper has no RPATH), then the wrapper and Open MPI.
+        "LD_LIBRARY_PATH": f"{DL1.libfabric_root}/lib:/usr/lib/habanalabs:{DL1.openmpi.root}/lib"
+        ":/usr/local/lib",
         "RDMAV_FORK_SAFE": "1",
     }
 
 
 def test_preset_efa_without_existing_path_or_ifname():
-    assert PRESETS["efa"]({}, None) == {
+    assert PRESETS["efa"](DL1_ENV, None) == {
         **GAUDINIC_DEFAULTS,
         "HCCL_OVER_OFI": "1",
-        "LD_LIBRARY_PATH": "/opt/amazon/efa/lib:/usr/lib/habanalabs:/opt/amazon/openmpi/lib",
+        "LD_LIBRARY_PATH": f"{DL1.libfabric_root}/lib:/usr/lib/habanalabs:{DL1.openmpi.root}/lib",
         "FI_EFA_USE_DEVICE_RDMA": "1",
         "RDMAV_FORK_SAFE": "1",
     }
 
 
+def test_an_image_without_fabric_paths_gets_only_the_wrapper_directory():
+    """No path of the presets' own: without LIBFABRIC_ROOT and MPI_ROOT only Habana's directory is added."""
+    assert PRESETS["efa"]({}, None)["LD_LIBRARY_PATH"] == "/usr/lib/habanalabs"
+
+
 def test_preset_hostnic_puts_the_images_libfabric_first():
-    environ = {"LIBFABRIC_ROOT": "/opt/lf", "LD_LIBRARY_PATH": "/usr/lib/habanalabs:/x"}
+    gaudi = profiles.load().profile("gaudi")
+    environ = {
+        "LIBFABRIC_ROOT": gaudi.libfabric_root,
+        "MPI_ROOT": gaudi.openmpi.root,
+        "LD_LIBRARY_PATH": "/usr/lib/habanalabs:/x",
+    }
     assert PRESETS["hostnic"](environ, None) == {
         **GAUDINIC_DEFAULTS,
         "HCCL_OVER_OFI": "1",
         "HCCL_GAUDI_DIRECT": "1",
-        "LD_LIBRARY_PATH": "/opt/lf/lib:/usr/lib/habanalabs:/opt/amazon/openmpi/lib:/x",
+        "LD_LIBRARY_PATH": f"{gaudi.libfabric_root}/lib:/usr/lib/habanalabs:{gaudi.openmpi.root}/lib:/x",
         "RDMAV_FORK_SAFE": "1",
         "MLX5_SCATTER_TO_CQE": "0",
     }
@@ -302,3 +320,34 @@ def test_assignment_errors_name_their_source(spec, match):
     with pytest.raises(ConfigError, match=match) as exc:
         split_assignments([spec], "--env")
     assert "fix:" in str(exc.value)
+
+
+def test_a_launcher_gets_no_secret_named_variable():
+    from gaudi_cluster.env.envfile import launcher_environment
+
+    environ = {
+        "PATH": "/usr/bin",
+        "PYTHONPATH": "/app",
+        "NCCL_DEBUG": "INFO",
+        "MLFLOW_TRACKING_URI": "http://mlflow:5000",
+        "MLFLOW_TRACKING_PASSWORD": "p",
+        "HF_TOKEN": "t",
+        "AWS_SECRET_ACCESS_KEY": "s",
+        "WANDB_API_KEY": "k",
+    }
+    assert launcher_environment(environ) == {
+        "PATH": "/usr/bin",
+        "PYTHONPATH": "/app",
+        "NCCL_DEBUG": "INFO",
+        "MLFLOW_TRACKING_URI": "http://mlflow:5000",
+    }
+
+
+def test_the_launchers_logged_command_shows_names_not_values():
+    from gaudi_cluster.env.envfile import mask_exports
+
+    line = "cmd = pdsh -S -f 1024 -w a,b export PYTHONPATH=/x; export MLFLOW_X='a b'; export N=\"q r\"; cd /w"
+    assert (
+        mask_exports(line)
+        == "cmd = pdsh -S -f 1024 -w a,b export PYTHONPATH=***; export MLFLOW_X=***; export N=***; cd /w"
+    )

@@ -135,3 +135,12 @@ _entries = st.lists(st.tuples(_hosts, st.integers(1, 1024)), min_size=1, max_siz
 def test_round_trip(pairs):
     h = hf(*pairs)
     assert parse_hostfile(render_hostfile(h)) == h
+
+
+@pytest.mark.parametrize("host", ["-oProxyCommand=sh", "-w", "--"])
+def test_a_host_that_reads_as_an_option_is_refused(host):
+    from gaudi_cluster.nodes.hostfile import host_problem
+
+    assert "starts with '-'" in str(host_problem(host))
+    with pytest.raises(ConfigError, match="starts with '-"):
+        parse_hostfile(f"{host} slots=1\n", "hf")

@@ -6,7 +6,15 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from gaudi_cluster.nodes.ssh import KEX_ALGORITHMS, SshResult, explain_ssh_failure, ssh_argv, write_ssh_config
+from gaudi_cluster.nodes.ssh import (
+    HOST_KEY_NAME,
+    KEX_ALGORITHMS,
+    SshResult,
+    cluster_host_key,
+    explain_ssh_failure,
+    ssh_argv,
+    write_ssh_config,
+)
 
 
 def effective(config: Path, host: str = "node-1") -> dict[str, str]:
@@ -29,13 +37,26 @@ def test_job_ssh_config_as_ssh_reads_it(tmp_path: Path):
     assert config["kexalgorithms"].startswith("curve25519-sha256,")
 
 
+def test_the_cluster_host_key_is_pinned_for_every_node(tmp_path: Path):
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / HOST_KEY_NAME).write_text(
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIbase gaudi-cluster-host\n"
+    )
+    host_key = cluster_host_key(tmp_path / "keys")
+    assert host_key == "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIbase"
+    config = effective(write_ssh_config(tmp_path, 3022, None, host_key=host_key), host="10.0.0.9")
+    assert config["stricthostkeychecking"] == "true"  # what ssh -G prints for "yes"
+    assert (tmp_path / "known_hosts").read_text() == f"* {host_key}\n"
+    assert cluster_host_key(tmp_path / "nowhere") is None
+
+
 def test_job_ssh_config_is_private(tmp_path: Path):
     assert write_ssh_config(tmp_path, 3022, None).stat().st_mode & 0o077 == 0
 
 
 def test_ssh_argv_quotes_remote_words():
     argv = ssh_argv("h", ["echo", "a b", "$HOME"], Path("/cfg"), connect_timeout_s=1)
-    assert argv == ["ssh", "-F", "/cfg", "-o", "ConnectTimeout=1", "h", "echo 'a b' '$HOME'"]
+    assert argv == ["ssh", "-F", "/cfg", "-o", "ConnectTimeout=1", "--", "h", "echo 'a b' '$HOME'"]
 
 
 @pytest.mark.parametrize(
@@ -45,7 +66,7 @@ def test_ssh_argv_quotes_remote_words():
         (255, "root@w: Permission denied (publickey).", "the cluster key is not authorized there"),
         (255, "ssh: Could not resolve hostname w: Name or service not known", "the name does not resolve"),
         (255, "ssh: connect to host w port 3022: No route to host", "unreachable ("),
-        (255, "Host key verification failed.", "host key mismatch"),
+        (255, "Host key verification failed.", "not the cluster's (an impostor at this name or address"),
         (124, "", "ssh timed out"),
         (3, "boom", "remote command failed with exit code 3: boom"),
     ],

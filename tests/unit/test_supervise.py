@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 from gaudi_cluster.launch.plan import LaunchPlan
 from gaudi_cluster.rank import jobdir
+from gaudi_cluster.supervise.console import RankLogs
 from gaudi_cluster.supervise.control import ControlServer, EventKind
 from gaudi_cluster.supervise.outcome import FailureCause, JobState
 from gaudi_cluster.supervise.supervisor import Supervisor, SupervisorPhase, SupervisorSettings
@@ -47,11 +48,11 @@ def control_server(
 ) -> ControlServer:
     """A master's control server for `ranks` agents on this host, its secret staged for them."""
     token = protocol.new_token()
-    jobdir.stage(job_root, job_id, {"token": token})
+    jobdir.stage(job_root, job_id, {"token": protocol.node_key(token, HOST), "node": HOST})
     return ControlServer("127.0.0.1", port, job_id, heartbeat, token, dict.fromkeys(range(ranks), HOST))
 
 
-def supervise(tmp_path: Path, programs: list[str], **settings: float):
+def supervise(tmp_path: Path, programs: list[str], tee: bool = False, **settings: float):
     job_id = "job-" + str(time.monotonic_ns())
     port = free_port()
     server = control_server(tmp_path / "jobs", job_id, port, len(programs), settings.pop("heartbeat", 5.0))
@@ -62,8 +63,11 @@ def supervise(tmp_path: Path, programs: list[str], **settings: float):
         launcher_for(job_id, port, programs, tmp_path / "jobs"),
         server,
         {HOST: len(programs)},
-        SupervisorSettings(start_timeout_s=20, stuck_timeout_s=settings.pop("stuck", 60), stop_grace_s=3),
+        SupervisorSettings(
+            start_timeout_s=20, stuck_timeout_s=settings.pop("stuck", 60), stop_grace_s=3, tee=tee
+        ),
         out=out,
+        rank_logs=RankLogs(tmp_path / "ranks"),
     )
     started = time.monotonic()
     try:
@@ -77,13 +81,23 @@ def leftover(marker: str) -> list[psutil.Process]:
     return [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
 
 
-def test_success_prefixes_every_line_with_host_and_rank(tmp_path):
-    outcome, out, _, _ = supervise(tmp_path, ["echo hello-from-0", "echo hello-from-1"])
+def test_rank_0_on_the_console_every_rank_in_its_file_and_every_rank_with_tee(tmp_path):
+    programs = ["echo hello-from-0; echo; echo 'saving: 50%|#  | 1/2 [00:01<00:01]'", "echo hello-from-1"]
+    outcome, out, _, _ = supervise(tmp_path / "plain", programs)
     assert outcome.exit_code == 0, out
     assert outcome.failure is None
-    assert f"[{HOST} rank 0] hello-from-0" in out
-    assert f"[{HOST} rank 1] hello-from-1" in out
     assert sorted(outcome.ranks_seen) == [0, 1]
+    # One line per event: rank 1 says the same as rank 0; the blank line and the bar stay off it.
+    assert [line for line in out.splitlines() if "rank" in line] == [f"[{HOST} rank 0] hello-from-0"]
+    logs = tmp_path / "plain" / "ranks"
+    assert (logs / "rank-0.log").read_text().splitlines() == [
+        "hello-from-0",
+        "",
+        "saving: 50%|#  | 1/2 [00:01<00:01]",
+    ]
+    assert (logs / "rank-1.log").read_text() == "hello-from-1\n"
+    _, teed, _, _ = supervise(tmp_path / "tee", programs, tee=True)
+    assert f"[{HOST} rank 0] hello-from-0" in teed and f"[{HOST} rank 1] hello-from-1" in teed
 
 
 def test_first_failure_stops_the_other_ranks_and_is_named(tmp_path):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import re
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gaudi_cluster.errors import ConfigError
@@ -110,6 +110,22 @@ def is_secret(name: str) -> bool:
     if parts[-1] == "KEY":
         return True
     return any(a == "PRIVATE" and b == "KEY" for a, b in itertools.pairwise(parts))
+
+
+def launcher_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """What a launcher process (DeepSpeed's runner, pdsh, mpirun, torchrun) gets of the master's
+    environment: everything but secret-named variables. DeepSpeed's runner exports every MLFLOW*,
+    NCCL*, PYTHON*, MV2* and UCX* variable it sees onto the pdsh command line, which every node's `ps`
+    shows and the runner logs; secrets reach the ranks only through the private file (--env-pass)."""
+    return {name: value for name, value in environ.items() if not is_secret(name)}
+
+
+_EXPORT = re.compile(r"(\bexport\s+[A-Za-z_][A-Za-z0-9_]*=)(\"[^\"]*\"|'[^']*'|[^;\s]*)")
+
+
+def mask_exports(line: str) -> str:
+    """A launcher's log line with the values of its `export NAME=value` words hidden (names kept)."""
+    return _EXPORT.sub(r"\1***", line)
 
 
 def is_forwarded(name: str) -> bool:

@@ -21,7 +21,7 @@ def node_command(node: NodeEntry, launch: FanoutSpec) -> list[str]:
     if node.here:
         return local
     # -T: no terminal; the node process's exit closes the session.
-    return ["ssh", "-T", "-F", launch.ssh_config, node.host, shlex.join(local)]
+    return ["ssh", "-T", "-F", launch.ssh_config, "--", node.host, shlex.join(local)]
 
 
 def main() -> int:

@@ -47,8 +47,10 @@ def host_problem(host: str) -> str | None:
             f"'{host}' names an ssh user; the user comes from the ssh config, "
             f"so write only '{host.split('@', 1)[1]}'"
         )
+    if host.startswith("-"):  # ssh, pdsh and mpirun would read it as an option (-oProxyCommand=...)
+        return f"{host[:64]!r} starts with '-', which no host name does"
     if not _HOST_RE.fullmatch(host):
-        return f"'{host}' is not a valid host name or IP address"
+        return f"{host[:64]!r} is not a valid host name or IP address"
     return None
 
 

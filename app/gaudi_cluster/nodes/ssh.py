@@ -56,18 +56,24 @@ def write_ssh_config(
     identity: Path | None,
     connect_timeout_s: int = 5,
     control_dir: Path | None = None,
+    host_key: str | None = None,
 ) -> Path:
     """The job's ssh client config. With `control_dir`, every session to a node rides on the one
     connection `open_connections` made (probe, launch, clean-up: no new handshake each time); a
-    session finds no such connection and ssh simply connects on its own."""
+    session finds no such connection and ssh simply connects on its own. With `host_key` (the
+    cluster's, "TYPE BASE64"), every node must answer with it: a node with another key is refused
+    before anything (the probe's secrets included) is sent; without one, first contact pins a key."""
+    known_hosts = job_dir / "known_hosts"
+    if host_key is not None:
+        known_hosts.write_text(f"* {host_key}\n")
     lines = [
         "Host *",
         f"  Port {port}",
         "  User root",
         "  BatchMode yes",
         f"  ConnectTimeout {connect_timeout_s}",
-        "  StrictHostKeyChecking accept-new",
-        f"  UserKnownHostsFile {job_dir / 'known_hosts'}",
+        f"  StrictHostKeyChecking {'yes' if host_key else 'accept-new'}",
+        f"  UserKnownHostsFile {known_hosts}",
         "  GlobalKnownHostsFile /dev/null",
         # A partitioned node must not keep a launcher's ssh session alive for hours.
         "  ServerAliveInterval 5",
@@ -91,7 +97,8 @@ def ssh_argv(
 ) -> list[str]:
     # The remote side runs a shell; quote each word so arguments arrive verbatim.
     options = ["-o", f"ConnectTimeout={connect_timeout_s}"] if connect_timeout_s else []
-    return ["ssh", "-F", str(config), *options, host, shlex.join(remote)]
+    # `--`: a host is never read as an option, whatever validated it before.
+    return ["ssh", "-F", str(config), *options, "--", host, shlex.join(remote)]
 
 
 Runner = Callable[[Sequence[str], float, "str | None"], SshResult]
@@ -122,15 +129,22 @@ def run_on_hosts(
     timeout_s: float,
     runner: Runner = run_subprocess,
     connect_timeout_s: int | None = None,
-    stdin: str | None = None,
+    stdin: str | Callable[[str], str] | None = None,
 ) -> dict[str, SshResult]:
-    """Run the same command on every host at once; one slow host does not delay the others."""
+    """Run the same command on every host at once; one slow host does not delay the others. `stdin`
+    is the same text for every host, or made for each (a node's own key goes to that node only)."""
     host_list = list(hosts)
     if not host_list:
         return {}
+
+    def stdin_of(host: str) -> str | None:
+        return stdin(host) if callable(stdin) else stdin
+
     with ThreadPoolExecutor(max_workers=min(64, len(host_list))) as pool:
         futures = {
-            host: pool.submit(runner, ssh_argv(host, remote, config, connect_timeout_s), timeout_s, stdin)
+            host: pool.submit(
+                runner, ssh_argv(host, remote, config, connect_timeout_s), timeout_s, stdin_of(host)
+            )
             for host in host_list
         }
     return {host: _with_host(future.result(), host) for host, future in futures.items()}
@@ -158,7 +172,11 @@ def explain_ssh_failure(result: SshResult, port: int) -> str:
     if "timed out" in err or "No route to host" in err or "Network is unreachable" in err:
         return f"unreachable ({last}); fix: check the network between the nodes"
     if "REMOTE HOST IDENTIFICATION HAS CHANGED" in err or "Host key verification failed" in err:
-        return "host key mismatch; fix: start a new job (known_hosts is per job)"
+        return (
+            "answered with a host key that is not the cluster's (an impostor at this name or address, or "
+            "a node started without the cluster's host key); nothing was sent to it; fix: start that node "
+            "with the keys of make keys (ssh_host_ed25519_key) or leave it out of the peers"
+        )
     if result.returncode == 255:
         return f"ssh failed ({last or 'exit 255'})"
     return f"remote command failed with exit code {result.returncode}: {last}"
@@ -197,6 +215,18 @@ def wait_for_sshd(
 IDENTITY_NAMES = ("id_ed25519", "id_rsa")
 
 
+HOST_KEY_NAME = "ssh_host_ed25519_key.pub"
+
+
+def cluster_host_key(ssh_dir: Path) -> str | None:
+    """The cluster's host key ("TYPE BASE64") from the key directory (make keys), or None."""
+    try:
+        words = (ssh_dir / HOST_KEY_NAME).read_text().split()
+    except OSError:
+        return None
+    return " ".join(words[:2]) if len(words) >= 2 else None
+
+
 def default_identity(ssh_dir: Path) -> Path | None:
     """The installed copy in ~/.ssh (0600, made by the entrypoint) or the mounted secret."""
     for directory in (Path.home() / ".ssh", ssh_dir):
@@ -227,6 +257,7 @@ def open_connections(hosts: Sequence[str], config: Path, timeout_s: float) -> li
             f"ControlPersist={CONTROL_PERSIST_S}",
             "-N",
             "-f",
+            "--",
             host,
         ]
         try:
@@ -256,7 +287,7 @@ def close_connections(hosts: Iterable[str], config: Path) -> None:
     def close_one(host: str) -> None:
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             subprocess.run(
-                ["ssh", "-F", str(config), "-O", "exit", host],
+                ["ssh", "-F", str(config), "-O", "exit", "--", host],
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
                 timeout=5,

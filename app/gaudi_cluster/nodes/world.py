@@ -49,3 +49,11 @@ REAL_WORLD = discovery.World(
     load_hostfile=read_hostfile,
     exists=os.path.exists,
 )
+
+
+def addresses_of(name: str) -> list[str]:
+    """What a node's name resolves to here (nothing when it does not)."""
+    try:
+        return REAL_WORLD.resolve(name)
+    except OSError:
+        return []

@@ -4,7 +4,11 @@ One TCP connection per rank carries newline-delimited JSON both ways. It is how 
 within a second that a rank exited or a node vanished (the connection closes, or heartbeats stop on
 a network partition), and how it stops this job's ranks on every node without ssh or pkill.
 Nothing is accepted before the mutual handshake of `protocol`; the master admits only the (rank,
-host) pairs it launched, each once. The messages are listed in docs/architecture.md.
+host, node) seats it launched, each once, from that node's addresses, and every later message must
+carry the connection's session MAC. Before the handshake a connection holds one of a bounded set of
+slots: each planned node's address has room for its own ranks, strangers share a small pool, so a
+flood from elsewhere can never shut the job's agents out; every handshake has one deadline.
+The messages are listed in docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -12,22 +16,23 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import errno
 import logging
 import queue
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gaudi_cluster.supervise.admission import Gate, Refused, Seat
 from gaudi_cluster.view.jobview import AgentState
 from gaudi_cluster.wire import protocol
 from gaudi_cluster.wire.channel import Channel
 
 log = logging.getLogger("gaudi_cluster.supervise.control")
 
-SPARE_CONNECTIONS = 8  # beyond one per expected rank: reconnects, probes by operators
 RECENT_WORK = 64
 MAX_WORK_HISTORY = 50_000  # per rank: the report's plot of a long job keeps its first 50k steps
 
@@ -46,10 +51,6 @@ class ControlEvent:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
-class Refused(Exception):
-    """A connection the master turns away (logged once per peer and reason)."""
-
-
 class ControlServer:
     """Accepts the rank agents of one job attempt and turns what happens to them into ControlEvents."""
 
@@ -62,19 +63,20 @@ class ControlServer:
         token: str,
         expected: Mapping[int, str],
         clock: Callable[[], float] = time.monotonic,
+        nodes: Mapping[int, str] | None = None,
+        addresses: Mapping[str, Collection[str]] | None = None,
     ) -> None:
+        """token: the attempt's secret; expected, nodes, addresses: the seats and where they may
+        connect from (see admission.Gate)."""
         self.job_id = job_id
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.events: queue.Queue[ControlEvent] = queue.Queue()
-        self._token = token
-        self._expected = dict(expected)  # rank -> the host name its node reported
-        self._max_connections = len(self._expected) + SPARE_CONNECTIONS
+        self.gate = Gate(job_id, token, expected, nodes, addresses)
         self._clock = clock
         self._agents: dict[int, AgentState] = {}
         self._channels: dict[int, Channel] = {}  # rank -> its agent's connection, beside its state
         self._finished_work: dict[int, list[tuple[int, float]]] = {}
-        self._open = 0
-        self._logged: set[tuple[str, str]] = set()
+        self._pending: dict[int, tuple[Channel, float]] = {}  # handshakes under way: their deadline
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._listener = socket.create_server((bind, port), reuse_port=False, backlog=1024)
@@ -128,105 +130,101 @@ class ControlServer:
 
     # --- threads --------------------------------------------------------------------------------
 
-    def _refuse(self, peer: str, reason: str) -> None:
-        with self._lock:
-            first = (peer, reason) not in self._logged
-            self._logged.add((peer, reason))
-        if first:
-            log.warning("control channel: refused %s: %s", peer, reason)
-
     def _accept_loop(self) -> None:
         while not self._stopping.is_set():
             try:
                 sock, address = self._listener.accept()
-            except OSError:
-                return
+            except OSError as error:
+                if self._stopping.is_set() or error.errno in (errno.EBADF, errno.EINVAL):
+                    return  # closed: the attempt is over
+                if error.errno in _TRANSIENT_ACCEPT_ERRORS:
+                    # Out of descriptors: serve what is connected and try again shortly, never give up.
+                    self.gate.refuse(
+                        "the listener", f"accept failed ({errno.errorcode.get(error.errno or 0)})"
+                    )
+                    time.sleep(0.05)
+                continue
             peer = str(address[0])
             with self._lock:
-                full = self._open >= self._max_connections
-                self._open += 0 if full else 1
-            if full:
+                admitted = len(self._agents)
+            if not self.gate.take_slot(peer, admitted):
                 sock.close()
-                self._refuse(peer, f"more than {self._max_connections} connections at once")
+                self.gate.refuse(peer, "too many unauthenticated connections from this address")
                 continue
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            channel = Channel(sock)
+            with self._lock:
+                self._pending[id(channel)] = (channel, self._clock() + protocol.HANDSHAKE_TIMEOUT_S)
             threading.Thread(
-                target=self._serve, args=(Channel(sock), peer), name="control-agent", daemon=True
+                target=self._serve, args=(channel, peer), name="control-agent", daemon=True
             ).start()
 
     def _serve(self, channel: Channel, peer: str) -> None:
+        agent: AgentState | None = None
         try:
-            agent = self._admit(channel)
+            agent = self._seat(channel, self.gate.admit(channel, peer, self._seated))
         except Refused as refused:
             channel.send({"type": "refused", "reason": str(refused)})
-            channel.close()
-            self._refuse(peer, str(refused))
-            self._release()
+            self.gate.refuse(peer, str(refused))
+        except Exception as error:  # whatever a hostile peer makes of the handshake, its slot comes back
+            self.gate.refuse(peer, f"handshake failed: {type(error).__name__}")
+        finally:
+            with self._lock:
+                self._pending.pop(id(channel), None)
+            self.gate.give_slot(peer)
+            if agent is None:
+                channel.close()
+        if agent is None:
             return
         self.events.put(ControlEvent(EventKind.HELLO, agent.host, agent.rank, {"pid": agent.pid}))
+        try:
+            self._serve_admitted(channel, peer, agent)
+        finally:
+            channel.close()
+            self._forget(agent)
+
+    def _seated(self, rank: int) -> bool:
+        with self._lock:
+            return rank in self._agents
+
+    def _seat(self, channel: Channel, seat: Seat) -> AgentState:
+        agent = AgentState(
+            host=seat.host, rank=seat.rank, pid=seat.pid, last_seen=self._clock(), local_rank=seat.local_rank
+        )
+        with self._lock:
+            if seat.rank in self._agents:
+                raise Refused(f"rank {seat.rank} is already connected")
+            self._agents[seat.rank] = agent
+            self._channels[seat.rank] = channel
+        channel.session = seat.session
+        channel.settimeout(None)
+        return agent
+
+    def _serve_admitted(self, channel: Channel, peer: str, agent: AgentState) -> None:
         while (message := channel.receive()) is not None:
-            why = protocol.problem(message)
-            if why is not None or message["type"] == "hello":
-                self._refuse(f"{peer} (rank {agent.rank})", f"dropped a message: {why or 'a second hello'}")
+            why = (
+                f"ignored a message without a valid session MAC ({message['reason']})"
+                if message.get("type") == "unauthenticated"
+                else protocol.problem(message, protocol.SESSION_MESSAGES)
+            )
+            if why is not None:
+                self.gate.refuse(f"{peer} (rank {agent.rank})", f"dropped a message: {why}")
                 continue
             self._record(agent, message)
         if channel.close_reason.startswith("a line over"):
-            self._refuse(f"{peer} (rank {agent.rank})", f"closed: {channel.close_reason}")
+            self.gate.refuse(f"{peer} (rank {agent.rank})", f"closed: {channel.close_reason}")
+
+    def _forget(self, agent: AgentState) -> None:
         with self._lock:
             reported = agent.exited
             if self._agents.get(agent.rank) is agent:
                 del self._agents[agent.rank]  # the rank may reconnect (its agent retries)
                 del self._channels[agent.rank]
                 self._finished_work[agent.rank] = agent.work_history
-        self._release()
         if not reported and not self._stopping.is_set():
             self.events.put(
                 ControlEvent(EventKind.LOST, agent.host, agent.rank, {"reason": "connection closed"})
             )
-
-    def _release(self) -> None:
-        with self._lock:
-            self._open -= 1
-
-    def _admit(self, channel: Channel) -> AgentState:
-        """The master's side of the handshake; Refused unless the peer is a rank this attempt launched."""
-        nonce = protocol.new_nonce()
-        channel.settimeout(protocol.HANDSHAKE_TIMEOUT_S)
-        channel.send({"type": "challenge", "nonce": nonce, "job": self.job_id})
-        hello = channel.receive()
-        if hello is None:
-            raise Refused(f"no hello within {protocol.HANDSHAKE_TIMEOUT_S:.0f}s ({channel.close_reason})")
-        why = protocol.problem(hello)
-        if why is None and hello["type"] != "hello":
-            why = f"{hello['type']} before the handshake"
-        if why is not None:
-            raise Refused(why)
-        if hello["job"] != self.job_id:
-            raise Refused(f"hello for another job ({str(hello['job'])[:40]})")
-        rank, host = hello["rank"], hello["host"]
-        if not protocol.same_mac(
-            protocol.hello_mac(self._token, nonce, self.job_id, host, rank), hello["mac"]
-        ):
-            raise Refused(f"wrong job secret for rank {rank} from host {host}")
-        if self._expected.get(rank) != host:
-            raise Refused(f"rank {rank} on host {host} was not launched by this job")
-        agent = AgentState(
-            host=host,
-            rank=rank,
-            pid=hello["pid"],
-            last_seen=self._clock(),
-            local_rank=hello.get("local_rank", 0),
-        )
-        with self._lock:
-            if rank in self._agents:
-                raise Refused(f"rank {rank} is already connected")
-            self._agents[rank] = agent
-            self._channels[rank] = channel
-        channel.settimeout(None)
-        channel.send(
-            {"type": "welcome", "mac": protocol.welcome_mac(self._token, hello["nonce"], self.job_id, rank)}
-        )
-        return agent
 
     def _record(self, agent: AgentState, message: dict[str, Any]) -> None:
         now = self._clock()
@@ -252,8 +250,16 @@ class ControlServer:
             self.events.put(ControlEvent(EventKind.EXIT, agent.host, agent.rank, detail))
 
     def _beat_loop(self) -> None:
-        while not self._stopping.wait(protocol.BEAT_INTERVAL_S):
-            now = self._clock()
+        # Ticks of a quarter of the beat interval: a handshake's deadline is enforced within 0.25 s.
+        tick, ticks = protocol.BEAT_INTERVAL_S / 4, 0
+        while not self._stopping.wait(tick):
+            now, ticks = self._clock(), ticks + 1
+            with self._lock:
+                expired = [channel for channel, deadline in self._pending.values() if now > deadline]
+            for channel in expired:
+                channel.close()  # a handshake has one deadline, however slowly its bytes trickle in
+            if ticks % 4:
+                continue
             lost: list[tuple[AgentState, float]] = []
             with self._lock:
                 live = [a for a in self._agents.values() if not a.exited]
@@ -268,3 +274,6 @@ class ControlServer:
             for agent, silent_for in lost:
                 reason = f"no heartbeat for {silent_for:.0f}s (network partition or frozen node)"
                 self.events.put(ControlEvent(EventKind.LOST, agent.host, agent.rank, {"reason": reason}))
+
+
+_TRANSIENT_ACCEPT_ERRORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED}

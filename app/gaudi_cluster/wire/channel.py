@@ -11,6 +11,7 @@ import json
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from gaudi_cluster.wire import protocol
@@ -18,7 +19,9 @@ from gaudi_cluster.wire import protocol
 
 class Channel:
     """A socket speaking newline-delimited JSON (lines of at most protocol.MAX_LINE bytes), safe to
-    send on from several threads."""
+    send on from several threads. Once the handshake set a `session`, every message sent is sealed
+    and every message received must be authentic and next in order: one that is not comes back as
+    {"type": "unauthenticated", "reason": ...}, for the caller to drop and log."""
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
@@ -26,15 +29,18 @@ class Channel:
         self._send_lock = threading.Lock()
         self.closed = False
         self.close_reason = ""
+        self.session: protocol.Session | None = None
+        self.attempts = 1  # handshakes it took (connect_and_authenticate retries)
 
     def settimeout(self, seconds: float | None) -> None:
         self._sock.settimeout(seconds)
 
     def send(self, message: dict[str, Any]) -> bool:
-        data = (json.dumps(message, separators=(",", ":")) + "\n").encode()
         with self._send_lock:
             if self.closed:
                 return False
+            sealed = self.session.seal(message) if self.session is not None else message
+            data = (json.dumps(sealed, separators=(",", ":")) + "\n").encode()
             try:
                 self._sock.sendall(data)
                 return True
@@ -46,7 +52,7 @@ class Channel:
         """The next decoded line ({} when it is not JSON), or None once the connection is over."""
         try:
             line = self._reader.readline(protocol.MAX_LINE + 1)
-        except OSError as error:
+        except (OSError, ValueError) as error:  # ValueError: read on a file closed by another thread
             self.closed, self.close_reason = (
                 True,
                 "timed out" if isinstance(error, TimeoutError) else "broken",
@@ -60,9 +66,13 @@ class Channel:
             self.close_reason = f"a line over {protocol.MAX_LINE} bytes"
             return None
         try:
-            return json.loads(line)
-        except ValueError:
-            return {}
+            message = json.loads(line)
+        except (ValueError, RecursionError):  # "[" * 2000 nests past the parser's recursion limit
+            message = {}
+        if self.session is None:
+            return message
+        why = self.session.open(message)
+        return message if why is None else {"type": "unauthenticated", "reason": why}
 
     def close(self) -> None:
         self.closed = True
@@ -88,34 +98,62 @@ def connect(address: str, timeout_s: float) -> Channel:
     raise ConnectionError(f"cannot reach the master's control channel at {address}: {last_error}")
 
 
-def authenticate(
-    channel: Channel, token: str, job: str, host: str, rank: int, pid: int, local_rank: int = 0
-) -> None:
-    """The agent's side of the handshake; ConnectionError unless the master proves it has the secret."""
+@dataclass(frozen=True)
+class Identity:
+    """Who an agent is to the master: its node in the plan (whose key it holds), host name and rank."""
+
+    key: str
+    node: str
+    job: str
+    host: str
+    rank: int
+    pid: int
+    local_rank: int = 0
+
+
+def authenticate(channel: Channel, me: Identity) -> None:
+    """The agent's side of the handshake: the master proves it holds this node's key first; then this
+    agent proves it, and both seal every later message. ConnectionError when it fails."""
     channel.settimeout(protocol.HANDSHAKE_TIMEOUT_S)
     challenge = channel.receive()
     if not isinstance(challenge, dict) or challenge.get("type") != "challenge":
         raise ConnectionError(
             f"the master sent no challenge ({channel.close_reason or 'unexpected message'})"
         )
-    nonce = protocol.new_nonce()
-    mac = protocol.hello_mac(token, str(challenge.get("nonce")), job, host, rank)
-    channel.send(
-        {
-            "type": "hello",
-            "job": job,
-            "host": host,
-            "rank": rank,
-            "local_rank": local_rank,
-            "pid": pid,
-            "nonce": nonce,
-            "mac": mac,
-        }
-    )
+    master_nonce, agent_nonce = str(challenge.get("nonce"))[:64], protocol.new_nonce()
+    hello = {"type": "hello", "job": me.job, "node": me.node, "host": me.host, "rank": me.rank}
+    channel.send({**hello, "local_rank": me.local_rank, "pid": me.pid, "nonce": agent_nonce})
     welcome = channel.receive()
     if not isinstance(welcome, dict) or welcome.get("type") != "welcome":
         why = welcome.get("reason") if isinstance(welcome, dict) else channel.close_reason
-        raise ConnectionError(f"the master refused this rank: {why or 'no answer'}")
-    if not protocol.same_mac(protocol.welcome_mac(token, nonce, job, rank), welcome.get("mac")):
-        raise ConnectionError("the peer at the control address does not know this job's secret")
+        raise ConnectionError(f"the master refused this rank: {str(why or 'no answer')[:200]}")
+    names = (master_nonce, agent_nonce, me.job, me.node, me.host, me.rank)
+    if not protocol.same_mac(protocol.welcome_mac(me.key, *names), welcome.get("mac")):
+        raise ConnectionError(
+            "the peer at the control address does not prove this job's key (not this job's master, or "
+            "this node's key is stale)"
+        )
+    channel.send({"type": "proof", "mac": protocol.proof_mac(me.key, *names)})
+    channel.session = protocol.Session(
+        protocol.session_key(me.key, master_nonce, agent_nonce, me.job, me.rank), role="agent"
+    )
     channel.settimeout(None)
+
+
+def connect_and_authenticate(address: str, me: Identity, timeout_s: float) -> Channel:
+    """Connect and authenticate, again and again until timeout_s: a connection turned away by a busy
+    or jammed master, or cut mid-handshake, is tried anew rather than ending the rank."""
+    deadline = time.monotonic() + timeout_s
+    attempts = 0
+    while True:
+        attempts += 1
+        channel = connect(address, max(1.0, deadline - time.monotonic()))
+        try:
+            authenticate(channel, me)
+            channel.attempts = attempts
+            return channel
+        except ConnectionError as error:
+            channel.close()
+            if time.monotonic() + 0.5 >= deadline or "does not prove this job's key" in str(error):
+                raise
+            time.sleep(0.5)

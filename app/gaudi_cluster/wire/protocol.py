@@ -1,17 +1,22 @@
-"""The control channel's protocol, pure: the handshake's MACs and what each message may contain.
+"""The control channel's protocol, pure: keys, the handshake's MACs, sealed messages, and what each
+message may contain.
 
-A connection starts with a mutual challenge: the master sends a fresh nonce; the agent answers with
-its hello and an HMAC-SHA256, under the job's secret, over that nonce, the job id, its host and rank,
-plus a nonce of its own; the master answers `welcome` with an HMAC over the agent's nonce. Neither
-side acts on anything before that, so a peer without the secret (which only ever travels over ssh
-stdin into a 0600 file) can neither stop a job nor pose as its master. Every message is one JSON
-line of at most MAX_LINE bytes, and every field is type-checked before use.
+Keys: the master holds the attempt's secret; each node holds only its node key, HMAC(secret, node),
+staged over ssh stdin into a 0600 file, so a node can answer only as itself.
+Handshake (the master proves itself before the agent proves anything):
+  master -> challenge(N1)          agent -> hello(node, host, rank, N2)
+  master -> welcome(MAC_k(N1, N2, ...))        agent -> proof(MAC_k(N1, N2, ...))
+where k is the node's key. Both then derive a session key from k and both nonces, and every later
+message carries a sequence number and a MAC under it (`Session`): a peer on the path can neither
+inject a stop or a fake exit nor replay one. Every message is one JSON line of at most MAX_LINE
+bytes, and every field is type-checked before use.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import math
 import re
 import secrets
@@ -42,12 +47,57 @@ def _mac(token: str, *parts: object) -> str:
     return hmac.new(bytes.fromhex(token), message, hashlib.sha256).hexdigest()
 
 
-def hello_mac(token: str, master_nonce: str, job: str, host: str, rank: int) -> str:
-    return _mac(token, "hello", master_nonce, job, host, rank)
+def node_key(secret: str, node: str) -> str:
+    """The key a node's agents hold: derived from the attempt's secret and the node's name in the plan."""
+    return _mac(secret, "node", node)
 
 
-def welcome_mac(token: str, agent_nonce: str, job: str, rank: int) -> str:
-    return _mac(token, "welcome", agent_nonce, job, rank)
+def welcome_mac(
+    key: str, master_nonce: str, agent_nonce: str, job: str, node: str, host: str, rank: int
+) -> str:
+    return _mac(key, "welcome", master_nonce, agent_nonce, job, node, host, rank)
+
+
+def proof_mac(
+    key: str, master_nonce: str, agent_nonce: str, job: str, node: str, host: str, rank: int
+) -> str:
+    return _mac(key, "proof", master_nonce, agent_nonce, job, node, host, rank)
+
+
+def session_key(key: str, master_nonce: str, agent_nonce: str, job: str, rank: int) -> str:
+    return _mac(key, "session", master_nonce, agent_nonce, job, rank)
+
+
+def _canonical(message: Mapping[str, Any]) -> str:
+    return json.dumps({k: v for k, v in message.items() if k != "mac"}, sort_keys=True, separators=(",", ":"))
+
+
+class Session:
+    """One direction-aware MAC session of an admitted connection: every message sealed with the next
+    sequence number, every message received checked for its MAC and for coming next (no replay)."""
+
+    def __init__(self, key: str, role: str) -> None:
+        self._key, self._sending, self._receiving = key, role, "agent" if role == "master" else "master"
+        self._sent = self._received = 0
+
+    def seal(self, message: Mapping[str, Any]) -> dict[str, Any]:
+        self._sent += 1
+        sealed = {**message, "seq": self._sent}
+        return {**sealed, "mac": _mac(self._key, self._sending, _canonical(sealed))}
+
+    def open(self, message: object) -> str | None:
+        """Why this received message must be dropped (None: authentic and next in order)."""
+        if not isinstance(message, dict):
+            return "not a JSON object"
+        seq = message.get("seq")
+        if not _is_int(seq) or not same_mac(
+            _mac(self._key, self._receiving, _canonical(message)), message.get("mac")
+        ):
+            return "no valid session MAC"
+        if seq != self._received + 1:
+            return f"sequence {seq} where {self._received + 1} was due (a replay or a lost message)"
+        self._received = seq
+        return None
 
 
 def same_mac(expected: str, given: object) -> bool:
@@ -78,10 +128,20 @@ def _check_hello(message: Mapping[str, Any]) -> str | None:
     local_rank = message.get("local_rank", 0)
     if not _is_int(local_rank) or local_rank < 0:
         return "local_rank is not a non-negative integer"
-    for field in ("nonce", "mac"):
+    if not _short_text(message.get("node"), 255) or not message.get("node"):
+        return "node is not a node name"
+    return _hex_fields(message, "nonce")
+
+
+def _hex_fields(message: Mapping[str, Any], *fields: str) -> str | None:
+    for field in fields:
         if not isinstance(message.get(field), str) or not _HEX64.fullmatch(message[field]):
             return f"{field} is not 64 hex digits"
     return None
+
+
+def _check_proof(message: Mapping[str, Any]) -> str | None:
+    return _hex_fields(message, "mac")
 
 
 def _check_beat(message: Mapping[str, Any]) -> str | None:
@@ -146,13 +206,15 @@ def _check_exit(message: Mapping[str, Any]) -> str | None:
     return None
 
 
-AGENT_MESSAGES = {"hello": _check_hello, "beat": _check_beat, "exit": _check_exit}
+AGENT_MESSAGES = {"hello": _check_hello, "proof": _check_proof, "beat": _check_beat, "exit": _check_exit}
+# What an admitted agent may send (the session's seq and mac are checked by the Session).
+SESSION_MESSAGES = {"beat": _check_beat, "exit": _check_exit}
 
 
 def problem(message: Any, allowed: Mapping[str, Any] = AGENT_MESSAGES) -> str | None:
     """Why an agent's message must be dropped, or None when it is well-formed."""
-    if not isinstance(message, dict):
-        return "not a JSON object"
+    if not isinstance(message, dict) or not message:
+        return "not a JSON object"  # {}: the channel's word for a line that does not parse
     kind = message.get("type")
     if kind not in allowed:
         return f"unknown message type {str(kind)[:40]!r}"

@@ -1,0 +1,168 @@
+"""Who may take a seat on the control channel: slots before the handshake, the master's side of it.
+
+Before the handshake a connection holds one of a bounded set of slots: each planned node's address
+has room for its own ranks (plus spares), strangers share a small pool, so a flood from elsewhere
+never shuts the job's agents out. The handshake (`protocol`) admits only the (rank, host, node)
+seats this attempt launched, from that node's addresses, with that node's key. Refusals are logged
+once per (peer, reason), attacker text quoted and cut, the record bounded.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gaudi_cluster.wire import protocol
+from gaudi_cluster.wire.channel import Channel
+
+log = logging.getLogger("gaudi_cluster.supervise.control")
+
+SPARE_CONNECTIONS = 8  # beyond one per expected rank and address: reconnects, retries
+STRANGER_POOL = 16  # unauthenticated connections all addresses outside the plan may hold together
+PER_STRANGER = 2  # ... and one such address alone
+MAX_LOGGED_REFUSALS = 256  # distinct (peer, reason) pairs logged; the rest are counted
+
+
+class Refused(Exception):
+    """A connection the master turns away (logged once per peer and reason)."""
+
+
+@dataclass(frozen=True)
+class Seat:
+    """An admitted agent: who it is, and the session that seals its connection from now on."""
+
+    rank: int
+    host: str
+    pid: int
+    local_rank: int
+    session: protocol.Session
+
+
+class Gate:
+    def __init__(
+        self,
+        job_id: str,
+        secret: str,
+        expected: Mapping[int, str],
+        nodes: Mapping[int, str] | None,
+        addresses: Mapping[str, Collection[str]] | None,
+    ) -> None:
+        """expected: rank -> the host name its node reported; nodes: rank -> its node's name in the
+        plan (whose key its agent holds; default the host name); addresses: node -> the addresses its
+        connections may come from (None: not checked, every address shares one pool)."""
+        self.job_id = job_id
+        self._secret = secret
+        self._expected = dict(expected)
+        self._nodes = dict(nodes) if nodes is not None else dict(expected)
+        self._addresses = {node: frozenset(found) for node, found in (addresses or {}).items()}
+        self._checks_addresses = addresses is not None
+        self._room = _room_per_address(self._nodes, self._addresses)
+        self.max_connections = len(self._expected) + SPARE_CONNECTIONS
+        self._unauthenticated: collections.Counter[str] = collections.Counter()  # per peer address
+        self._logged: set[tuple[str, str]] = set()
+        self._unlogged = 0
+        self._lock = threading.Lock()
+
+    # --- slots ----------------------------------------------------------------------------------
+
+    def take_slot(self, peer: str, admitted: int) -> bool:
+        """Room for one more unauthenticated connection from this address?"""
+        with self._lock:
+            if not self._checks_addresses:
+                allowed = sum(self._unauthenticated.values()) + admitted < self.max_connections
+            elif peer in self._room:
+                allowed = self._unauthenticated[peer] < self._room[peer]
+            else:
+                strangers = sum(n for p, n in self._unauthenticated.items() if p not in self._room)
+                allowed = strangers < STRANGER_POOL and self._unauthenticated[peer] < PER_STRANGER
+            if allowed:
+                self._unauthenticated[peer] += 1
+            return allowed
+
+    def give_slot(self, peer: str) -> None:
+        with self._lock:
+            self._unauthenticated[peer] -= 1
+            if self._unauthenticated[peer] <= 0:
+                del self._unauthenticated[peer]
+
+    # --- refusals -------------------------------------------------------------------------------
+
+    def refuse(self, peer: str, reason: str) -> None:
+        """Log once per (peer, reason), at most MAX_LOGGED_REFUSALS of them: a flood of bad hellos
+        can neither fill the log nor grow this record without bound."""
+        key = (peer[:80], reason[:300])
+        with self._lock:
+            first = key not in self._logged and len(self._logged) < MAX_LOGGED_REFUSALS
+            if first:
+                self._logged.add(key)
+            else:
+                self._unlogged += 1
+            capped = not first and self._unlogged == 1 and len(self._logged) >= MAX_LOGGED_REFUSALS
+        if first:
+            log.warning("control channel: refused %s: %s", *key)
+        elif capped:
+            log.warning(
+                "control channel: %d kinds of refusal logged; further ones are counted only",
+                len(self._logged),
+            )
+
+    def refusals_not_logged(self) -> int:
+        with self._lock:
+            return self._unlogged
+
+    # --- the handshake --------------------------------------------------------------------------
+
+    def admit(self, channel: Channel, peer: str, seated: Callable[[int], bool]) -> Seat:
+        """The master's side of the handshake; Refused unless the peer holds the key of a node this
+        attempt launched, claims a seat of that node, and connects from that node's address."""
+        nonce = protocol.new_nonce()
+        channel.settimeout(protocol.HANDSHAKE_TIMEOUT_S)
+        channel.send({"type": "challenge", "nonce": nonce, "job": self.job_id})
+        hello = _next(channel, "hello")
+        if hello["job"] != self.job_id:
+            raise Refused(f"hello for another job ({hello['job'][:40]!r})")
+        rank, host, node = hello["rank"], hello["host"], hello["node"]
+        if self._expected.get(rank) != host or self._nodes.get(rank) != node:
+            raise Refused(
+                f"rank {rank} on host {host[:64]!r} (node {node[:64]!r}) was not launched by this job"
+            )
+        if self._checks_addresses and peer not in self._addresses.get(node, ()):
+            raise Refused(f"rank {rank} claims node {node[:64]!r} but connects from {peer}, not its address")
+        if seated(rank):  # said before the welcome: the agent learns it while it still listens
+            raise Refused(f"rank {rank} is already connected")
+        key = protocol.node_key(self._secret, node)
+        names = (nonce, hello["nonce"], self.job_id, node, host, rank)
+        channel.send({"type": "welcome", "mac": protocol.welcome_mac(key, *names)})
+        proof = _next(channel, "proof")
+        if not protocol.same_mac(protocol.proof_mac(key, *names), proof["mac"]):
+            raise Refused(f"wrong key for node {node[:64]!r} (rank {rank})")
+        session = protocol.Session(
+            protocol.session_key(key, nonce, hello["nonce"], self.job_id, rank), "master"
+        )
+        return Seat(rank, host, hello["pid"], hello.get("local_rank", 0), session)
+
+
+def _next(channel: Channel, kind: str) -> dict[str, Any]:
+    message = channel.receive()
+    if message is None:
+        raise Refused(f"no {kind} within {protocol.HANDSHAKE_TIMEOUT_S:.0f}s ({channel.close_reason})")
+    why = protocol.problem(message)
+    if why is None and message["type"] != kind:
+        why = f"{message['type']} where a {kind} was due"
+    if why is not None:
+        raise Refused(why)
+    return message
+
+
+def _room_per_address(nodes: Mapping[int, str], addresses: Mapping[str, frozenset[str]]) -> dict[str, int]:
+    """Unauthenticated connections each planned address may hold: its nodes' ranks, plus spares."""
+    ranks_per_node = collections.Counter(nodes.values())
+    room: dict[str, int] = {}
+    for node, found in addresses.items():
+        for address in found:
+            room[address] = room.get(address, SPARE_CONNECTIONS) + ranks_per_node.get(node, 0)
+    return room
