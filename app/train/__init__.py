@@ -3,8 +3,10 @@
 Modules, in the order ``run_clm.main`` uses them: ``command_line`` (argv before parsing: the JSON form,
 config names, added defaults, the multi-host eval refusal), ``device`` (Gaudi / CUDA / CPU decision and
 stack, process group, seed, DeepSpeed refill), ``arguments`` (the argument dataclasses, parsing, checks),
-``checkpoints`` (atomic checkpoints, resume choice), ``model`` (config, tokenizer, model), ``data``
-(embedded default data and tokenizer, dataset loading), ``splits`` (the train/eval blocks of a run),
+``checkpoints`` (atomic checkpoints on one node's disk), ``timeline`` (the resume and rotation decisions
+every rank takes together), ``faults`` (fault injection for drills), ``model`` (config, tokenizer,
+model), ``data`` (embedded default data and tokenizer, dataset loading), ``splits`` (the train/eval
+blocks of a run),
 ``callbacks`` (progress, signals, atomic-checkpoint Trainer), ``metrics`` (throughput, MFU, memory, the
 reported metrics, plot), ``events`` (event lines). Heavy libraries (torch, transformers, datasets) are
 imported lazily.

@@ -87,7 +87,8 @@ class OverwriteArguments:
     """Start afresh instead of resuming (transformers 5 dropped the flag; its meaning is kept here)."""
 
     overwrite_output_dir: bool = field(
-        default=False, metadata={"help": "Start afresh: remove this output_dir's checkpoints."}
+        default=False,
+        metadata={"help": "Start afresh: remove this output_dir's checkpoints (a job's first attempt only)."},
     )
 
 
@@ -102,6 +103,13 @@ class ClusterArguments:
         default=None, metadata={"help": "Peak TFLOP/s per device for the MFU estimate."}
     )
     plot: bool = field(default=True, metadata={"help": "Write training_curves.png into output_dir."})
+    trainer: str = field(
+        default="gaudi",
+        metadata={
+            "help": "With --use_habana: gaudi (optimum-habana's GaudiTrainer) or native (transformers' own).",
+            "choices": list(device.TRAINERS),
+        },
+    )
 
 
 @dataclass

@@ -1,17 +1,20 @@
 """Trainer hooks: events, progress heartbeat, step clock, graceful stop on SIGTERM/SIGINT, and the
-atomic-checkpoint Trainer mixin (see ``train.checkpoints``)."""
+atomic-checkpoint Trainer mixin (see ``train.checkpoints`` for the steps of a save, ``train.timeline``
+for the decisions every rank takes together)."""
 
 from __future__ import annotations
 
 import logging
 import os
 import signal
+import socket
 from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
 
-from train import checkpoints
+from train import checkpoints, faults, timeline
+from train.errors import CheckpointWriteError
 from train.events import emit, global_rank, write_progress
 from train.metrics import StepClock
 from train.steptiming import StepTimer, slow_down_if_asked
@@ -43,30 +46,6 @@ class StopRequest:
     @property
     def exit_code(self) -> int:
         return 128 + (self.signum or 0)
-
-
-def inject_fault_once(step: int, output_dir: str) -> None:
-    """Fault-injection hook for reliability tests and drills, off unless GAUDI_CLUSTER_FAULT_AT_STEP is set.
-
-    The chosen rank (GAUDI_CLUSTER_FAULT_RANK, default 0) dies with exit code 3 at that step, once: a
-    marker in its output_dir keeps a restarted job from failing again, as with a transient fault.
-    """
-    at_step = os.environ.get("GAUDI_CLUSTER_FAULT_AT_STEP")
-    if not at_step or step != int(at_step):
-        return
-    rank = int(os.environ.get("RANK", "0"))
-    if rank != int(os.environ.get("GAUDI_CLUSTER_FAULT_RANK", "0")):
-        return
-    marker = Path(output_dir) / f".fault-injected-rank{rank}"
-    if marker.exists():
-        return
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text(f"{step}\n")
-    log.error(
-        "injected fault: rank %d exits with code 3 at step %d (GAUDI_CLUSTER_FAULT_AT_STEP)", rank, step
-    )
-    logging.shutdown()
-    os._exit(3)
 
 
 class ClusterCallback(TrainerCallback):
@@ -121,7 +100,8 @@ class ClusterCallback(TrainerCallback):
             except OSError as exc:
                 log.warning("cannot write progress file %s: %s", self.progress_file, exc)
                 self.progress_file = None
-        inject_fault_once(state.global_step, args.output_dir)
+        faults.exit_at_step(state.global_step, args.output_dir)
+        faults.hit("sigterm", state.global_step)
         stop = self.stop.signum is not None
         if self._dist():
             import torch
@@ -152,27 +132,66 @@ class ClusterCallback(TrainerCallback):
         self.stop.restore()
 
 
+def disk_full_error(step: int, ckpt: Path) -> CheckpointWriteError:
+    free = checkpoints.free_bytes(ckpt)
+    kept = checkpoints.latest_complete(ckpt.parent)
+    survivor = (
+        f"the newest complete checkpoint there, {kept[1].name}, is intact" if kept else "none was complete"
+    )
+    return CheckpointWriteError(
+        f"No space left on device: {ckpt.name} could not be written on {socket.gethostname()} ({ckpt}, "
+        f"{free if free is not None else '?'} bytes free); {survivor}; fix: free space there or point "
+        "--output_dir at a larger volume"
+    )
+
+
 def make_trainer_class(base: type) -> type:
     """``base`` (Trainer or GaudiTrainer) whose checkpoints are atomic (see ``train.checkpoints``)."""
 
     class ClusterTrainer(base):  # type: ignore[misc, valid-type]
+        cluster_collective = timeline.Collective(False)
+
         def _save_checkpoint(self, model: Any, trial: Any, *args: Any, **kwargs: Any) -> None:
+            step = self.state.global_step
+            run_dir = Path(self._get_output_dir(trial=trial))
+            ckpt = run_dir / f"checkpoint-{step}"
+            faults.hit("before_files", step)
+            faults.hit("fill_disk", step, str(run_dir))
+            writer = self.args.should_save
             limit = self.args.save_total_limit
             # the Trainer's own rotation would run before the new checkpoint is marked complete
             object.__setattr__(self.args, "save_total_limit", None)
             try:
+                if checkpoints.unmark(ckpt):
+                    log.warning("saving over %s: its completion marker was removed first", ckpt)
                 super()._save_checkpoint(model, trial, *args, **kwargs)
+                faults.hit("after_files", step)
+                self.accelerator.wait_for_everyone()
+                faults.hit("before_marker", step)
+                if writer:
+                    checkpoints.write_marker(ckpt, step, self.args.world_size)
+                faults.hit("after_marker", step)
+                self.accelerator.wait_for_everyone()
+            except Exception as exc:
+                if checkpoints.disk_full(exc, ckpt):
+                    raise disk_full_error(step, ckpt) from exc
+                raise
             finally:
                 object.__setattr__(self.args, "save_total_limit", limit)
-            run_dir = Path(self._get_output_dir(trial=trial))
-            ckpt = run_dir / f"checkpoint-{self.state.global_step}"
-            self.accelerator.wait_for_everyone()
-            if self.args.should_save:
-                checkpoints.write_marker(ckpt, self.state.global_step, self.args.world_size)
-            self.accelerator.wait_for_everyone()
-            if self.args.should_save:
-                for gone in checkpoints.rotate(run_dir, limit):
-                    log.info("removed old checkpoint %s", gone)
+            removed = timeline.rotate(
+                run_dir,
+                limit,
+                writer=writer,
+                collective=self.cluster_collective,
+                on_renamed=lambda _path: faults.hit("during_rotation", step),
+            )
+            for gone in removed:
+                log.info("removed old checkpoint %s", gone)
+
+        def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+            faults.hit("during_files", self.state.global_step)
+            faults.hit("sigterm_in_save", self.state.global_step)
+            super()._save_optimizer_and_scheduler(output_dir)
 
         def log(self, logs: dict, *args: Any, **kwargs: Any) -> None:
             hook = getattr(self, "cluster_log_hook", None)

@@ -1,38 +1,43 @@
-"""Atomic checkpoints and the choice of the checkpoint to resume from.
+"""Checkpoints on one node's disk: what counts as complete, and the only ways one may disappear.
 
 transformers' Trainer writes ``checkpoint-N`` piece by piece; a crash half-way leaves a directory that
-looks like a checkpoint. Here a checkpoint only counts once it carries ``COMPLETE_MARKER``:
+looks like a checkpoint. Here a checkpoint only counts once it carries ``COMPLETE_MARKER``, and a save
+goes (``train.callbacks`` drives it, ``train.timeline`` takes the decisions that need every rank):
 
-1. Trainer writes ``checkpoint-N`` (model, optimizer, scheduler, RNG, trainer_state.json) with its own
+1. the marker of an existing ``checkpoint-N`` goes first (``unmark``): a crash while the Trainer
+   overwrites its files leaves it incomplete, never "complete" with old and new files mixed;
+2. Trainer writes ``checkpoint-N`` (model, optimizer, scheduler, RNG, trainer_state.json) with its own
    rotation switched off;
-2. barrier (every rank has written its part);
-3. each writer (the local rank 0 of every node when nodes keep their own copy, else global rank 0)
+3. barrier (every rank has written its part);
+4. each writer (the local rank 0 of every node when nodes keep their own copy, else global rank 0)
    writes the marker file and fsyncs it and the directory;
-4. barrier; then the writer rotates: it removes incomplete checkpoints older than the newest complete
-   one and complete ones beyond ``save_total_limit``. The newest complete checkpoint is never removed,
-   so at every instant a complete checkpoint to resume from exists.
+5. barrier; then the ranks agree on the newest step complete on every node and each writer rotates
+   by ``rotation_plan``, which never removes that step.
 
-Resume only considers complete checkpoints; distributed ranks agree on one step (see ``agree_on_step``);
-``choose_resume`` is the whole decision (explicit path, start afresh, or the newest common checkpoint).
+A checkpoint of an abandoned run (newer than the step the ranks agreed to resume from) is *demoted*:
+renamed to ``abandoned-checkpoint-N``. Renamed rather than unmarked, because a later save of the same
+step would otherwise write into it and mix two runs' files, and because no reader (this module, the
+Trainer's ``get_last_checkpoint``, a user's ``--resume_from_checkpoint OUTPUT_DIR``) matches the new
+name; its files stay for a person to look at until the job passes its step. Removal renames first
+(``.deleting-*``), so a crash mid-delete never leaves a half-deleted checkpoint under a live name.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 import shutil
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from train.errors import UsageError
-
-log = logging.getLogger("train.checkpoints")
 
 COMPLETE_MARKER = "gaudi-cluster-complete.json"
+ABANDONED_PREFIX = "abandoned-"
+DELETING_PREFIX = ".deleting-"
 _CKPT_RE = re.compile(r"^checkpoint-(\d+)$")
+_ABANDONED_RE = re.compile(rf"^{ABANDONED_PREFIX}checkpoint-(\d+)$")
 
 
 def checkpoint_step(path: str | Path) -> int | None:
@@ -64,6 +69,66 @@ def complete_checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
 def latest_complete(output_dir: str | Path) -> tuple[int, Path] | None:
     done = complete_checkpoints(output_dir)
     return done[-1] if done else None
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """What one node's output_dir holds, by step (names for the half-deleted leftovers)."""
+
+    complete: tuple[int, ...] = ()
+    incomplete: tuple[int, ...] = ()
+    abandoned: tuple[int, ...] = ()
+    leftovers: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        parts = [
+            f"{label} {', '.join(map(str, steps))}"
+            for label, steps in (
+                ("complete", self.complete),
+                ("incomplete", self.incomplete),
+                ("abandoned", self.abandoned),
+            )
+            if steps
+        ]
+        if self.leftovers:
+            parts.append(f"half-deleted {len(self.leftovers)}")
+        return "; ".join(parts) or "no checkpoint"
+
+
+def inventory(output_dir: str | Path) -> Inventory:
+    out = Path(output_dir)
+    if not out.is_dir():
+        return Inventory()
+    complete, incomplete, abandoned, leftovers = [], [], [], []
+    for child in out.iterdir():
+        name = child.name
+        if name.startswith(DELETING_PREFIX):
+            leftovers.append(name)
+        elif (m := _CKPT_RE.match(name)) and child.is_dir():
+            (complete if is_complete(child) else incomplete).append(int(m.group(1)))
+        elif (m := _ABANDONED_RE.match(name)) and child.is_dir():
+            abandoned.append(int(m.group(1)))
+    return Inventory(
+        tuple(sorted(complete)), tuple(sorted(incomplete)), tuple(sorted(abandoned)), tuple(sorted(leftovers))
+    )
+
+
+def rotation_plan(inv: Inventory, keep_step: int, save_total_limit: int | None) -> list[str]:
+    """The names a writer may remove after a save, given the newest step complete on every node.
+
+    ``keep_step`` is never removed (it is what a resume needs), nor is any complete checkpoint newer
+    than it (it may be the only copy of a step some node still lacks); of the others, the newest
+    ``save_total_limit`` complete ones stay. Incomplete checkpoints older than ``keep_step`` can never
+    be completed (every rank has moved past them); abandoned ones go once the job has passed their step;
+    half-deleted leftovers always go.
+    """
+    doomed = [f"checkpoint-{s}" for s in inv.incomplete if s < keep_step]
+    if save_total_limit is not None and save_total_limit > 0 and keep_step >= 0:
+        older = [s for s in inv.complete if s <= keep_step]
+        kept = set(older[-save_total_limit:]) | {keep_step}
+        doomed += [f"checkpoint-{s}" for s in older if s not in kept]
+    doomed += [f"{ABANDONED_PREFIX}checkpoint-{s}" for s in inv.abandoned if s <= keep_step]
+    return doomed + list(inv.leftovers)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -100,40 +165,86 @@ def write_marker(checkpoint_dir: str | Path, step: int, world_size: int) -> None
     _fsync_dir(ckpt)
 
 
-def rotate(output_dir: str | Path, save_total_limit: int | None) -> list[Path]:
-    """Remove what is safe to remove (see the module docstring); returns the removed paths."""
-    every = list_checkpoints(output_dir)
-    done = [(s, p) for s, p in every if is_complete(p)]
-    if not done:
-        return []
-    newest_done = done[-1][0]
-    doomed = [p for s, p in every if s < newest_done and not is_complete(p)]
-    if save_total_limit is not None and save_total_limit > 0:
-        keep = max(1, save_total_limit)
-        doomed += [p for _, p in done[:-keep]]
-    return remove_checkpoints(doomed)
+def unmark(checkpoint_dir: str | Path) -> bool:
+    """Drop an existing checkpoint's marker before anything is written into it (True: there was one).
+
+    Every rank calls it before writing its own part, so no barrier is needed: the new marker only comes
+    after the barrier that follows every rank's writes."""
+    ckpt = Path(checkpoint_dir)
+    try:
+        (ckpt / COMPLETE_MARKER).unlink()
+    except FileNotFoundError:
+        return False
+    _fsync_dir(ckpt)
+    return True
 
 
-def remove_checkpoints(paths: list[Path]) -> list[Path]:
+def remove_checkpoints(paths: Sequence[Path], on_renamed: Callable[[Path], None] | None = None) -> list[Path]:
     """Delete checkpoint directories; returns the ones this call removed.
 
     Each is renamed first, so that a crash mid-delete cannot leave a half-deleted "complete" checkpoint; a
-    path that is already gone (another writer got there first) is skipped.
+    path that is already gone (another writer got there first) is skipped. ``on_renamed`` (fault drills)
+    runs between the rename and the delete.
     """
     removed = []
     for path in paths:
-        trash = path.with_name(f".deleting-{path.name}-{os.getpid()}")
+        trash = (
+            path
+            if path.name.startswith(DELETING_PREFIX)
+            else path.with_name(f"{DELETING_PREFIX}{path.name}-{os.getpid()}")
+        )
         try:
-            os.rename(path, trash)
+            if trash != path:
+                os.rename(path, trash)
         except OSError:
             continue
+        if on_renamed is not None:
+            on_renamed(trash)
         shutil.rmtree(trash, ignore_errors=True)
         removed.append(path)
     return removed
 
 
+def demote(output_dir: str | Path, newer_than: int) -> list[tuple[str, str]]:
+    """Rename every ``checkpoint-N`` with N > ``newer_than`` to ``abandoned-checkpoint-N``; returns the
+    (old, new) names. An older abandoned copy of the same step is removed first."""
+    out = Path(output_dir)
+    moved = []
+    for step, path in list_checkpoints(out):
+        if step <= newer_than:
+            continue
+        target = out / f"{ABANDONED_PREFIX}{path.name}"
+        if target.exists():
+            remove_checkpoints([target])
+        os.rename(path, target)
+        moved.append((path.name, target.name))
+    if moved:
+        _fsync_dir(out)
+    return moved
+
+
+def remove_all(output_dir: str | Path) -> list[Path]:
+    """Every checkpoint, abandoned copy and leftover of output_dir (``--overwrite_output_dir``)."""
+    out = Path(output_dir)
+    inv = inventory(out)
+    names = [f"checkpoint-{s}" for s in (*inv.complete, *inv.incomplete)]
+    names += [f"{ABANDONED_PREFIX}checkpoint-{s}" for s in inv.abandoned] + list(inv.leftovers)
+    return remove_checkpoints([out / name for name in names])
+
+
 def looks_like_checkpoint(path: Path) -> bool:
     return (path / "trainer_state.json").is_file()
+
+
+def saved_step(path: Path) -> int | None:
+    """The step a checkpoint directory holds: from its name, else its trainer_state.json."""
+    step = checkpoint_step(path)
+    if step is not None:
+        return step
+    try:
+        return int(json.loads((path / "trainer_state.json").read_text())["global_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def resolve_explicit(path_arg: str) -> Path:
@@ -156,75 +267,28 @@ def resolve_explicit(path_arg: str) -> Path:
     )
 
 
-def agree_on_step(local_step: int, dist_ready: bool, device: Any = None) -> int:
-    """The newest step every rank has complete (-1: none).
-
-    Each rank proposes its newest complete step; all_reduce(MIN) gives the newest one that is not newer
-    than any rank's. The caller then checks that every rank actually has that step.
-    """
-    if not dist_ready:
-        return local_step
-    import torch
-    import torch.distributed as dist
-
-    t = torch.tensor([local_step], dtype=torch.long, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return int(t.item())
-
-
-def all_ranks_true(flag: bool, dist_ready: bool, device: Any = None) -> bool:
-    if not dist_ready:
-        return flag
-    import torch
-    import torch.distributed as dist
-
-    t = torch.tensor([1 if flag else 0], dtype=torch.long, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return bool(t.item())
-
-
-def barrier(dist_ready: bool) -> None:
-    if dist_ready:
-        import torch.distributed as dist
-
-        dist.barrier()
-
-
-def choose_resume(
-    output_dir: str | Path,
-    *,
-    explicit: str | None,
-    do_train: bool,
-    start_afresh: bool,
-    may_delete: bool,
-    dist_ready: bool,
-    device: Any = None,
-) -> str | None:
-    """The checkpoint a run resumes from (None: from scratch); every rank must call it.
-
-    ``--resume_from_checkpoint`` wins; a run that does not train resumes nothing; ``start_afresh``
-    (``--overwrite_output_dir``) removes output_dir's checkpoints (on the ranks that ``may_delete``: the
-    writers of checkpoints) and waits for every rank; otherwise the newest checkpoint complete on every rank.
-    """
-    out = Path(output_dir)
-    if explicit:
-        return str(resolve_explicit(explicit))
-    if not do_train:
+def free_bytes(path: str | Path) -> int | None:
+    """Free space of the file system holding path (its nearest existing parent); None if unknown."""
+    probe = Path(path)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        return shutil.disk_usage(probe).free
+    except OSError:
         return None
-    if start_afresh:
-        if may_delete:
-            remove_checkpoints([path for _, path in list_checkpoints(out)])
-        barrier(dist_ready)
-        return None
-    latest = latest_complete(out)
-    step = agree_on_step(latest[0] if latest else -1, dist_ready, device)
-    if step < 0:
-        return None
-    path = out / f"checkpoint-{step}"
-    if not all_ranks_true(is_complete(path), dist_ready, device):
-        raise UsageError(
-            f"{out}: the ranks hold different complete checkpoints (newest common candidate {path.name} is "
-            "missing somewhere); pass --resume_from_checkpoint or --overwrite_output_dir"
-        )
-    log.info("resuming from %s (newest complete checkpoint on every rank)", path)
-    return str(path)
+
+
+# Below this a failed write is the disk's fault: torch.save on a full disk raises a RuntimeError
+# ("unexpected pos ...") that never names ENOSPC, and leaves the file system at 0 bytes free.
+FULL_DISK_BYTES = 1 << 20
+
+
+def disk_full(error: BaseException, path: str | Path) -> bool:
+    """Whether a failed checkpoint write was a full disk (ENOSPC anywhere in the chain, or no space left)."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if getattr(seen, "errno", None) == 28 or "No space left on device" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    free = free_bytes(path)
+    return free is not None and free < FULL_DISK_BYTES

@@ -2,6 +2,13 @@
 
 * Gaudi: ``habana_frameworks`` is importable, an HPU is present **and** ``--use_habana`` is given ->
   optimum-habana's ``GaudiTrainingArguments`` / ``GaudiTrainer`` / ``GaudiConfig`` (as its run_clm does).
+* Gaudi with ``--trainer native``: transformers' own ``TrainingArguments`` / ``Trainer`` on the HPU, no
+  optimum-habana (which reached its end of support on 2026-10-31). transformers >= 4.49 with accelerate
+  >= 1.5 find the HPU themselves (``hpu:0``, accelerate's MULTI_HPU over HCCL, the HPU seed and RNG
+  state); lazy mode needs mark_step calls that only GaudiTrainer makes, so eager mode
+  (``PT_HPU_LAZY_MODE=0``) is the default there, as transformers' Gaudi page advises. What is then
+  missing is optimum-habana's: the GaudiConfig (fused AdamW and clip-norm, autocast lists), HPU graphs,
+  its Gaudi model patches and the HPU memory figures in the logs.
 * Otherwise: transformers' ``TrainingArguments`` / ``Trainer`` on CUDA when present, else on CPU.
 * ``--use_habana`` without an HPU is an error (exit 2), never a silent CPU run.
 * ``GAUDI_CLUSTER_GAUDI_STACK_ON_CPU=1`` (tests): optimum-habana's stack on CPU (``use_cpu``, no lazy mode,
@@ -12,7 +19,8 @@
   the ones that do nothing there are ignored with one log line.
 
 Also here: the process group and the device for small collectives (``process_group``), the seed function
-of the stack, and the refill of DeepSpeed's "auto" values once the world size is known.
+of the stack, the refill of DeepSpeed's "auto" values once the world size is known, and DeepSpeed's
+node-local checkpoint switch matched to the run's storage.
 """
 
 from __future__ import annotations
@@ -46,10 +54,15 @@ PEAK_TFLOPS = {
 }
 
 
+# --trainer: optimum-habana's GaudiTrainer (default on --use_habana), or transformers' own Trainer.
+TRAINERS = ("gaudi", "native")
+
+
 @dataclass(frozen=True)
 class DeviceChoice:
     kind: str  # "hpu" | "cuda" | "cpu"
     gaudi: bool  # True: the optimum-habana stack is used
+    native: bool = False  # --trainer native: transformers' own Trainer where GaudiTrainer would run
 
 
 def flag_value(argv: list[str], name: str) -> str | None:
@@ -94,14 +107,32 @@ def habana_present() -> bool:
         return False
 
 
+def trainer_choice(argv: list[str]) -> str:
+    """--trainer gaudi|native (default gaudi)."""
+    value = (flag_value(argv, "trainer") or "gaudi").strip().lower()
+    if value not in TRAINERS:
+        raise UsageError(f"--trainer {value}: use one of {', '.join(TRAINERS)}")
+    return value
+
+
 def choose(argv: list[str]) -> DeviceChoice:
     """Decide before argument parsing (the parser's dataclasses depend on it)."""
+    native = trainer_choice(argv) == "native"
     if env_true(GAUDI_STACK_ON_CPU):
         if flag_true(argv, "use_habana"):
             raise UsageError(
                 f"--use_habana with {GAUDI_STACK_ON_CPU}=1: the Gaudi stack runs on CPU; drop one"
             )
-        return DeviceChoice("cpu", True)
+        return DeviceChoice("cpu", not native, native)
+    if flag_true(argv, "use_habana") and native:
+        # Eager unless lazy mode is asked for: transformers' Trainer makes no mark_step calls.
+        os.environ.setdefault("PT_HPU_LAZY_MODE", "1" if flag_true(argv, "use_lazy_mode") else "0")
+        if not habana_present():
+            raise UsageError(
+                "--use_habana --trainer native given but no Gaudi HPU is usable here (habana_frameworks "
+                "missing or no device); drop --use_habana to run on CUDA/CPU"
+            )
+        return DeviceChoice("hpu", False, True)
     if flag_true(argv, "use_habana"):
         if flag_true(argv, "use_lazy_mode") or flag_value(argv, "use_lazy_mode") is None:
             # optimum-habana wants lazy mode chosen before habana_frameworks is imported
@@ -126,8 +157,13 @@ def note_ignored_flags(argv: list[str], choice: DeviceChoice) -> None:
     ignored = [
         f"--{n}" for n in ("gaudi_config_name", "use_lazy_mode", "adjust_throughput") if flag_value(argv, n)
     ]
+    if choice.native and choice.kind == "hpu":
+        # Lazy mode is the HPU's own switch (PT_HPU_LAZY_MODE, set in choose()): the native trainer too.
+        ignored = [flag for flag in ignored if flag != "--use_lazy_mode"]
     if ignored:
-        log.warning("running on %s: %s accepted and ignored (Gaudi only)", choice.kind, ", ".join(ignored))
+        where = f"--trainer native on {choice.kind}" if choice.native else f"running on {choice.kind}"
+        why = "GaudiTrainer only" if choice.native else "Gaudi only"
+        log.warning("%s: %s accepted and ignored (%s)", where, ", ".join(ignored), why)
 
 
 def training_stack(choice: DeviceChoice) -> tuple[type, type]:
@@ -210,6 +246,24 @@ def process_group(training_args: Any) -> tuple[bool, Any]:
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
         return False, None
     return True, torch.device("cpu") if dist.get_backend() == "gloo" else training_args.device
+
+
+def match_checkpoint_storage(training_args: Any) -> None:
+    """DeepSpeed's ``checkpoint.use_node_local_storage`` follows the run's storage (``save_on_each_node``).
+
+    Shared storage: only global rank 0 writes the model states (with the switch on, every node's local
+    rank 0 would write the same files into the one directory at once). Node-local storage: every node
+    writes its own copy (with it off, only rank 0's node could resume)."""
+    hf_ds = getattr(training_args, "hf_deepspeed_config", None)
+    if not training_args.deepspeed or hf_ds is None:
+        return
+    node_local = bool(training_args.save_on_each_node)
+    section = hf_ds.config.setdefault("checkpoint", {})
+    if bool(section.get("use_node_local_storage", False)) != node_local:
+        section["use_node_local_storage"] = node_local
+        log.info(
+            "DeepSpeed checkpoint.use_node_local_storage set to %s to match the output storage", node_local
+        )
 
 
 def refresh_deepspeed_config(training_args: Any) -> None:

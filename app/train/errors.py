@@ -1,4 +1,4 @@
-"""Error type for bad input: run_clm prints its one-line message and exits with code 2."""
+"""Error types run_clm prints as one line: bad input (exit code 2), a checkpoint it cannot write (1)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,12 @@ class UsageError(Exception):
     """Bad input (flag, file, path, device): one line naming the culprit and the fix; exit code 2."""
 
     exit_code = 2
+
+
+class CheckpointWriteError(Exception):
+    """A checkpoint could not be written (a full disk): one line naming the node, the path and the fix."""
+
+    exit_code = 1
 
 
 def first_line(exc: BaseException) -> str:

@@ -11,13 +11,15 @@ scratch on the embedded offline corpus and tokenizer (``train.data``). With neit
 ``--do_eval`` the run trains. ``--deepspeed NAME`` also finds ``NAME``/``NAME.json`` in ``configs/``.
 
 Non-standard flags (``train.arguments``: ``OverwriteArguments``, ``ClusterArguments``, ``HabanaArguments``):
-  --overwrite_output_dir   ignore and remove this output_dir's checkpoints (kept in transformers 5, which
-                           dropped the flag) instead of resuming from them
+  --overwrite_output_dir   remove this output_dir's checkpoints instead of resuming from them, on the
+                           job's first attempt only (kept in transformers 5, which dropped the flag)
   --shared_output          nodes share --output_dir (also env GAUDI_CLUSTER_SHARED_OUTPUT=1); default:
                            every node keeps its own copy of checkpoints and the final model
                            (save_on_each_node=True)
   --peak_tflops X          peak TFLOP/s per device for the MFU estimate (default from the device kind)
   --plot / --no_plot       write training_curves.png (default on)
+  --trainer gaudi|native   with --use_habana: optimum-habana's GaudiTrainer (default) or transformers'
+                           own Trainer on the HPU, without optimum-habana (eager mode; train.device)
   off Gaudi only, accepted for compatibility: --use_habana false, --use_lazy_mode, --gaudi_config_name,
   --throughput_warmup_steps (used), --adjust_throughput
 
@@ -28,11 +30,12 @@ with exit code 2 and a message giving the single-node command, as the optimum-ha
 ``--output_dir`` on one node.
 
 Checkpoints are atomic (``train.checkpoints``); a run whose --output_dir holds complete checkpoints resumes
-from the newest one all ranks have (unless --overwrite_output_dir). SIGTERM/SIGINT: every rank finishes
-the current step, a checkpoint is saved, and the process exits 143/130.
+from the newest one complete on every node, and demotes what any node holds beyond it (``train.timeline``);
+--overwrite_output_dir starts afresh on the job's first attempt only (the master's GAUDI_CLUSTER_ATTEMPT).
+SIGTERM/SIGINT: every rank finishes the current step, a checkpoint is saved, and the process exits 143/130.
 
-Exit codes: 0 ok, 1 runtime failure, 2 bad input (one line naming the culprit and the fix),
-128+N stopped by signal N.
+Exit codes: 0 ok, 1 runtime failure (a checkpoint it cannot write: one line naming the node), 2 bad input
+(one line naming the culprit and the fix), 128+N stopped by signal N.
 """
 
 from __future__ import annotations
@@ -54,11 +57,11 @@ from train.events import also_record_in, emit, global_rank  # noqa: E402
 
 emit("start", t=_T_START, pid=os.getpid())
 
-from train import arguments, checkpoints, command_line, device, splits  # noqa: E402
+from train import arguments, command_line, device, faults, splits, timeline  # noqa: E402
 from train import data as datamod  # noqa: E402
 from train import metrics as metmod  # noqa: E402
 from train import model as modelmod  # noqa: E402
-from train.errors import UsageError  # noqa: E402
+from train.errors import CheckpointWriteError, UsageError  # noqa: E402
 
 log = logging.getLogger("train.run_clm")
 
@@ -91,18 +94,25 @@ def run(argv: list[str]) -> int:
         warnings.filterwarnings("ignore")
     dist_ready, collective_device = device.process_group(training_args)
     device.refresh_deepspeed_config(training_args)
+    device.match_checkpoint_storage(training_args)
 
     device.set_seed(choice, training_args.seed)
 
-    checkpoint = checkpoints.choose_resume(
+    collective = timeline.Collective(dist_ready, collective_device)
+    faults.pause_before_resume()
+    resume = timeline.choose_resume(
         training_args.output_dir,
         explicit=training_args.resume_from_checkpoint,
         do_train=training_args.do_train,
         start_afresh=args.overwrite.overwrite_output_dir,
-        may_delete=training_args.should_save,
-        dist_ready=dist_ready,
-        device=collective_device,
+        attempt=timeline.attempt_number(os.environ),
+        writer=training_args.should_save,
+        collective=collective,
     )
+    checkpoint = resume.checkpoint
+    if training_args.do_train:
+        log.info("%s", resume.line())
+        emit("resume", **resume.to_json())
 
     # data: the embedded corpus and tokenizer unless others are named, cut into blocks
     config = modelmod.load_config(model_args, training_args)
@@ -139,6 +149,7 @@ def run(argv: list[str]) -> int:
         **device.gaudi_trainer_kwargs(choice, training_args, model_args.cache_dir, argv),
     )
     trainer.cluster_log_hook = callback.augment_logs
+    trainer.cluster_collective = collective
     emit(
         "model_ready",
         params=n_params,
@@ -194,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         return run(args)
-    except UsageError as exc:
+    except (UsageError, CheckpointWriteError) as exc:
         print(f"run_clm: error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
 

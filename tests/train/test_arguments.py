@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from train import arguments, command_line, device, model
 from train.errors import UsageError
-from transformers import HfArgumentParser, TrainingArguments
+from transformers import HfArgumentParser, Trainer, TrainingArguments
 
 from tests.support.training import APP
 
@@ -181,6 +181,25 @@ def test_the_gaudi_stack_on_cpu_is_a_switch(monkeypatch) -> None:
         device.choose(["--use_habana"])
     monkeypatch.setenv(device.GAUDI_STACK_ON_CPU, "0")
     assert device.choose(["--do_train"]).gaudi is False
+
+
+def test_the_native_trainer_is_transformers_own_on_the_hpu(monkeypatch) -> None:
+    monkeypatch.setenv(device.GAUDI_STACK_ON_CPU, "1")
+    assert device.choose(["--trainer", "native"]) == device.DeviceChoice("cpu", False, True)
+    monkeypatch.setenv(device.GAUDI_STACK_ON_CPU, "0")
+    monkeypatch.delenv("PT_HPU_LAZY_MODE", raising=False)
+    monkeypatch.setattr(device, "habana_present", lambda: True)
+    assert device.choose(["--use_habana", "--trainer", "native"]) == device.DeviceChoice("hpu", False, True)
+    # transformers' Trainer makes no mark_step calls: eager unless lazy mode is asked for.
+    assert os.environ["PT_HPU_LAZY_MODE"] == "0"
+    assert device.training_stack(device.DeviceChoice("hpu", False, True)) == (TrainingArguments, Trainer)
+    monkeypatch.setattr(device, "habana_present", lambda: False)
+    with pytest.raises(UsageError, match="--use_habana --trainer native given but no Gaudi HPU"):
+        device.choose(["--use_habana", "--trainer=native"])
+    with pytest.raises(UsageError, match="--trainer fast: use one of gaudi, native"):
+        device.choose(["--trainer", "fast"])
+    # Without --use_habana the flag changes nothing: transformers' Trainer is what runs anyway.
+    assert device.choose(["--trainer", "native"]).gaudi is False
 
 
 def test_unknown_deepspeed_config_names_the_bundled_ones() -> None:

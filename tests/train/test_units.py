@@ -8,8 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from train import checkpoints, device, metrics
-from train.errors import UsageError
+from train import checkpoints, device, metrics, timeline
 from train.events import parse_events, write_progress
 
 
@@ -29,10 +28,14 @@ def test_only_marked_checkpoints_count(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "checkpoint-5" / checkpoints.COMPLETE_MARKER).read_text())["step"] == 5
 
 
+def rotate(out: Path, save_total_limit: int | None) -> list[Path]:
+    return timeline.rotate(out, save_total_limit, writer=True, collective=timeline.Collective(False))
+
+
 def test_rotation_keeps_newest_complete_and_drops_stale_partials(tmp_path: Path) -> None:
     for step, done in [(1, True), (2, False), (3, True), (4, True), (5, False)]:
         make_ckpt(tmp_path, step, done)
-    removed = checkpoints.rotate(tmp_path, save_total_limit=2)
+    removed = rotate(tmp_path, save_total_limit=2)
     assert sorted(p.name for p in removed) == ["checkpoint-1", "checkpoint-2"]
     # checkpoint-5 is newer than the newest complete one: it may still be being written, so it stays
     assert [p.name for _, p in checkpoints.list_checkpoints(tmp_path)] == [
@@ -44,7 +47,7 @@ def test_rotation_keeps_newest_complete_and_drops_stale_partials(tmp_path: Path)
 def test_rotation_with_limit_one_never_leaves_zero_complete(tmp_path: Path) -> None:
     make_ckpt(tmp_path, 1, True)
     make_ckpt(tmp_path, 2, False)
-    checkpoints.rotate(tmp_path, save_total_limit=1)
+    rotate(tmp_path, save_total_limit=1)
     assert checkpoints.latest_complete(tmp_path)[0] == 1
 
 
@@ -128,9 +131,9 @@ def test_remove_checkpoints_reports_only_what_it_removed(tmp_path: Path) -> None
 
 
 def choose(out: Path, **overrides: object) -> str | None:
-    kwargs: dict = {"explicit": None, "do_train": True, "start_afresh": False, "may_delete": True,
-                    "dist_ready": False}  # fmt: skip
-    return checkpoints.choose_resume(out, **{**kwargs, **overrides})
+    kwargs: dict = {"explicit": None, "do_train": True, "start_afresh": False, "attempt": 1, "writer": True,
+                    "collective": timeline.Collective(False)}  # fmt: skip
+    return timeline.choose_resume(out, **{**kwargs, **overrides}).checkpoint
 
 
 def test_resume_from_the_newest_complete_checkpoint(tmp_path: Path) -> None:
@@ -139,36 +142,33 @@ def test_resume_from_the_newest_complete_checkpoint(tmp_path: Path) -> None:
     make_ckpt(tmp_path, 4, True)
     make_ckpt(tmp_path, 8, True)
     make_ckpt(tmp_path, 12, False)  # crashed mid-save
+    assert choose(tmp_path, do_train=False) is None  # evaluation only: nothing to resume, nothing moved
+    assert (tmp_path / "checkpoint-12").is_dir()
     assert choose(tmp_path) == str(tmp_path / "checkpoint-8")
-    assert choose(tmp_path, do_train=False) is None  # evaluation only: nothing to resume
+    # the crashed save belongs to an abandoned run: moved aside, where nothing counts it
+    assert [p.name for _, p in checkpoints.list_checkpoints(tmp_path)] == ["checkpoint-4", "checkpoint-8"]
+    assert (tmp_path / "abandoned-checkpoint-12").is_dir()
 
 
 def test_explicit_resume_wins(tmp_path: Path) -> None:
     old = make_ckpt(tmp_path / "other", 3, True)
-    make_ckpt(tmp_path, 8, True)
+    make_ckpt(tmp_path, 2, True)
+    assert choose(tmp_path, explicit=str(tmp_path / "other"), do_train=False) is None
     assert choose(tmp_path, explicit=str(tmp_path / "other")) == str(old)
-    assert choose(tmp_path, explicit=str(old), start_afresh=True, do_train=False) == str(old)
-    assert checkpoints.latest_complete(tmp_path)[0] == 8  # nothing removed
+    assert checkpoints.latest_complete(tmp_path)[0] == 2  # older than the explicit step: kept
+    make_ckpt(tmp_path, 8, True)
+    assert choose(tmp_path, explicit=str(old), start_afresh=True) == str(old)
+    assert (tmp_path / "abandoned-checkpoint-8").is_dir()  # newer than step 3: another timeline
 
 
 def test_start_afresh_removes_checkpoints_on_writers_only(tmp_path: Path) -> None:
     make_ckpt(tmp_path, 4, True)
     make_ckpt(tmp_path, 8, False)
     (tmp_path / "config.json").write_text("{}")
-    assert choose(tmp_path, start_afresh=True, may_delete=False) is None
+    assert choose(tmp_path, start_afresh=True, writer=False) is None
     assert len(checkpoints.list_checkpoints(tmp_path)) == 2
     assert choose(tmp_path, start_afresh=True) is None
     assert [p.name for p in tmp_path.iterdir()] == ["config.json"]  # no checkpoint, no .deleting-* left
-
-
-def test_ranks_without_a_common_checkpoint_are_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    make_ckpt(tmp_path, 4, True)
-    # another rank's newest complete checkpoint is step 2, which this rank lacks
-    monkeypatch.setattr(checkpoints, "agree_on_step", lambda local, ready, device=None: 2)
-    with pytest.raises(UsageError, match="newest common candidate checkpoint-2 is missing somewhere"):
-        choose(tmp_path)
 
 
 def test_train_metrics_assembly() -> None:
@@ -223,3 +223,13 @@ def test_global_batch_and_deepspeed_refill_is_a_no_op_without_deepspeed() -> Non
     assert device.global_batch_size(args) == 24
     device.refresh_deepspeed_config(args)
     assert args.hf_deepspeed_config is None
+
+
+@pytest.mark.parametrize(("node_local", "before"), [(True, {}), (False, {"use_node_local_storage": True})])
+def test_deepspeeds_node_local_switch_follows_the_storage(node_local: bool, before: dict) -> None:
+    """Shared storage: only global rank 0 writes DeepSpeed's model states, never every node into one dir."""
+    config = {"zero_optimization": {"stage": 0}, "checkpoint": dict(before)}
+    args = SimpleNamespace(deepspeed="ds.json", hf_deepspeed_config=SimpleNamespace(config=config),
+                           save_on_each_node=node_local)  # fmt: skip
+    device.match_checkpoint_storage(args)
+    assert config["checkpoint"]["use_node_local_storage"] is node_local
