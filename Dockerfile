@@ -4,8 +4,9 @@
 #                           offline from build/wheelhouse (make wheelhouse). Builds anywhere, no registry.
 #   gaudi  make image       Habana pytorch-installer base + hccl_ofi_wrapper, Habana's DeepSpeed fork and
 #          [PROFILE=dl1]    optimum-habana, all pinned per profile in app/gaudi_cluster/settings/profiles.json
-#                           (gaudi: Gaudi 2/3, Synapse 1.22; dl1: first-gen Gaudi on AWS DL1, Synapse
-#                           1.21). Needs vault.habana.ai and the internet.
+#                           (gaudi: Gaudi 2/3, Synapse 1.24; gaudi-1.23; dl1: first-gen Gaudi on AWS DL1,
+#                           Synapse 1.21), and where Open MPI, libfabric and EFA live. Needs vault.habana.ai
+#                           and the internet.
 #
 #   docker build -t gaudi-cluster:cpu --build-arg FLAVOR=cpu --build-arg BASE_IMAGE=gaudi-cluster/debian:bookworm .
 #   (gaudi: `make image DRY_RUN=1` prints the command with every build argument of the profile)
@@ -20,10 +21,11 @@ ARG FLAVOR=cpu
 # ---- base: the flavor's environment on top of BASE_IMAGE ---------------------------------------------
 FROM ${BASE_IMAGE} AS base-cpu
 FROM ${BASE_IMAGE} AS base-gaudi
-# One libfabric: the one Habana's base image installs with the AWS EFA installer. The hccl_ofi_wrapper is
-# built against it and has no RPATH, so every process (HCCL, fi_info, the probe) finds it here, as the
-# wrapper's README asks; Habana's base leaves it off both paths.
-ARG LIBFABRIC_ROOT=/opt/amazon/efa
+# One libfabric, where the profile puts it: the base's EFA installation (dl1) or the one the system step
+# builds (1.23 on, whose base runs the EFA installer --minimal). The hccl_ofi_wrapper is built against it
+# and has no RPATH, so every process (HCCL, fi_info, the probe, the ranks' presets) finds it here, as the
+# wrapper's README asks; Habana's base leaves it off both paths. No default: only the profile knows.
+ARG LIBFABRIC_ROOT
 ENV LIBFABRIC_ROOT=${LIBFABRIC_ROOT} \
     PATH=${LIBFABRIC_ROOT}/bin:${PATH} \
     LD_LIBRARY_PATH=${LIBFABRIC_ROOT}/lib${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}
@@ -34,13 +36,23 @@ ENV LIBFABRIC_ROOT=${LIBFABRIC_ROOT} \
 FROM base-${FLAVOR} AS system
 ARG FLAVOR=cpu
 ARG DS_ACCELERATOR=cpu
-# gaudi only (make image passes them from the profile): what the base must be, and the wrapper's pin.
+# gaudi only (make image passes them from the profile): what the base must be, where its Open MPI and
+# EFA libraries are, the libfabric to build (or the base's to use) and the wrapper's pin.
 ARG SYNAPSE_VERSION=""
 ARG HABANA_TORCH_PLUGIN_VERSION=""
 ARG HCCL_OFI_WRAPPER_COMMIT=""
 ARG HCCL_OFI_WRAPPER_INTERFACE=""
+ARG OPENMPI_ROOT=""
+ARG OPENMPI_MAJOR=""
+ARG LIBFABRIC_SOURCE=""
+ARG LIBFABRIC_VERSION=""
+ARG LIBFABRIC_URL=""
+ARG LIBFABRIC_SHA256=""
+ARG LIBFABRIC_CONFIGURE=""
+ARG EFA_ROOT=""
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-COPY image/install-system.sh image/build-hccl-ofi-wrapper.sh image/check-hccl-ofi-wrapper.sh /opt/gaudi-cluster/image/
+COPY image/install-system.sh image/build-hccl-ofi-wrapper.sh image/check-hccl-ofi-wrapper.sh \
+     image/build-libfabric.sh /opt/gaudi-cluster/image/
 RUN bash /opt/gaudi-cluster/image/install-system.sh "${FLAVOR}"
 
 # ---- python: the cpu venv, made offline from the wheelhouse (which stays out of the final image) -----
@@ -115,10 +127,12 @@ RUN python -m compileall -q /opt/gaudi-cluster/app
 
 ARG VERSION=dev
 ARG GIT_REV=unknown
-# What `gaudi-cluster doctor` compares across nodes: the release plus a digest of the code itself
-# (a dirty tree built twice with the same revision still tells apart).
+# What `gaudi-cluster doctor` compares across nodes: the release plus a digest of the code itself and, on
+# the gaudi flavor, of the commits it installed (PINS): a dirty tree built twice with the same revision,
+# or one profile built against two fork heads, still tells apart.
 RUN printf '%s-%s-%s\n' "${VERSION}" "${GIT_REV}" \
-      "$(find /opt/gaudi-cluster/app -type f -name '*.py' -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-12)" \
+      "$( { find /opt/gaudi-cluster/app -type f -name '*.py' -print0 | sort -z | xargs -0 sha256sum; \
+            cat /opt/gaudi-cluster/PINS 2>/dev/null || true; } | sha256sum | cut -c1-12)" \
       > /opt/gaudi-cluster/BUILD_ID
 ARG SOURCE_URL=""
 LABEL org.opencontainers.image.title="gaudi-cluster" \

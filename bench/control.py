@@ -78,7 +78,7 @@ def run_handshake(ctx: Ctx) -> list[Row]:
     return [
         Row(
             "control.handshake",
-            f"Control channel handshake per rank ({ranks} agents, loopback, node key, mutual proof, session MACs)",
+            f"Control channel handshake per rank ({ranks} agents, loopback, node keys, mutual proof, sealed)",
             "ms",
             stat(ours),
             stat(theirs),

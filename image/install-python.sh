@@ -72,9 +72,12 @@ PY
 
 install_gaudi_packages() {
 	local name torch_before torch_after commit pins=()
-	for name in PROFILE PT_VERSION HABANA_DEEPSPEED_REF HABANA_DEEPSPEED_COMMIT_PREFIX HABANA_DEEPSPEED_VERSION PYTHON_PINS; do
-		[[ -n "${!name:-}" ]] || die "FLAVOR=gaudi needs --build-arg $name; fix: build with 'make image PROFILE=gaudi|dl1'"
+	for name in PROFILE PT_VERSION HABANA_DEEPSPEED_REF HABANA_DEEPSPEED_VERSION PYTHON_PINS; do
+		[[ -n "${!name:-}" ]] || die "FLAVOR=gaudi needs --build-arg $name; fix: build with 'make image PROFILE=...'"
 	done
+	# Never whatever the branch head is today: a profile without a recorded commit builds only with one given.
+	[[ -n "${HABANA_DEEPSPEED_COMMIT_PREFIX:-}" ]] \
+		|| die "Habana's DeepSpeed ${HABANA_DEEPSPEED_REF} is not pinned (no commit in profiles.json); fix: make image HABANA_DEEPSPEED_COMMIT=<full SHA of the branch head>"
 	torch_before="$(dist_version torch)"
 	[[ "$torch_before" == "$PT_VERSION"* ]] || die "the base image has torch $torch_before, the profile pins PyTorch $PT_VERSION"
 	read -r -a pins <<<"$PYTHON_PINS"
@@ -85,7 +88,9 @@ install_gaudi_packages() {
 	torch_after="$(dist_version torch)"
 	[[ "$torch_after" == "$torch_before" ]] \
 		|| die "installing the profile's packages replaced Habana's torch $torch_before with $torch_after; fix: pin packages that accept torch $PT_VERSION"
-	[[ "$(dist_version deepspeed)" == "$HABANA_DEEPSPEED_VERSION" ]] \
+	# A glob (*+hpu.synapse.vX) where the fork's base version is not recorded.
+	# shellcheck disable=SC2053
+	[[ "$(dist_version deepspeed)" == $HABANA_DEEPSPEED_VERSION ]] \
 		|| die "deepspeed $(dist_version deepspeed) installed, the profile expects $HABANA_DEEPSPEED_VERSION"
 	commit="$(deepspeed_commit)"
 	[[ ${#commit} -ge 7 && ("$commit" == "$HABANA_DEEPSPEED_COMMIT_PREFIX"* || "$HABANA_DEEPSPEED_COMMIT_PREFIX" == "$commit"*) ]] \
@@ -95,6 +100,9 @@ install_gaudi_packages() {
 	done
 	"$(python)" -m pip check || note "warning: pip check reports the conflicts above (the base image's own packages)"
 	printf '%s\n' "$PROFILE" >/opt/gaudi-cluster/PROFILE
+	# What was really installed, for the build id and a reader: the fork's commit, the fabric, the pins.
+	printf '%s\n' "deepspeed $(dist_version deepspeed) $commit" "libfabric ${LIBFABRIC_ROOT:-}" \
+		"openmpi ${MPI_ROOT:-}" "${pins[@]}" >/opt/gaudi-cluster/PINS
 	note "profile $PROFILE: torch $torch_after, deepspeed $HABANA_DEEPSPEED_VERSION ($commit), ${pins[*]}"
 }
 
@@ -109,6 +117,9 @@ step_runtime() {
 	chmod 0755 /usr/local/bin/gaudi-cluster
 	ln -sf "$APP/gaudi_spawn.py" /usr/local/bin/gaudi_spawn.py
 	note "python $py, app on sys.path via $site/gaudi-cluster.pth"
+	# matplotlib's font cache, built once here: otherwise every fresh container builds it at run time
+	# (the master's job report, rank 0's curves), seconds of CPU and a log line each time.
+	"$py" -c 'import matplotlib; matplotlib.use("Agg"); import matplotlib.pyplot'
 }
 
 step_ops() {

@@ -2,9 +2,11 @@
 # install-system.sh: the operating-system layer of the image, per flavor. Runs inside `docker build`
 # (first RUN of the Dockerfile), as root, with FLAVOR and DS_ACCELERATOR from the build args.
 #   cpu    Debian 12: OpenMPI, libfabric tools, rdma-core, sshd, pdsh, tini, Python 3.11 + headers + g++.
-#   gaudi  Habana pytorch-installer (Ubuntu 22.04) of the profile's Synapse release, checked: its one
-#          libfabric (the base's EFA installer, $LIBFABRIC_ROOT), hccl_ofi_wrapper at the profile's commit
-#          with an ABI check, the ssh LD_PRELOAD wrapper, pdsh, tini; the base's sshd line in .bashrc removed.
+#   gaudi  Habana pytorch-installer (Ubuntu 22.04) of the profile's Synapse release, checked: the base's
+#          Open MPI where the profile says ($OPENMPI_ROOT, major $OPENMPI_MAJOR), its one libfabric
+#          ($LIBFABRIC_ROOT: the base's EFA installation, or built here from the profile's tarball),
+#          hccl_ofi_wrapper at the profile's commit with an ABI check, the ssh LD_PRELOAD wrapper, pdsh,
+#          tini; the base's sshd line in .bashrc removed. Every path comes from the profile (build args).
 # Both: no ssh host keys in the layer (the entrypoint makes them at container start).
 # Sourceable: `source install-system.sh` defines the functions and runs nothing.
 set -Eeuo pipefail
@@ -38,20 +40,28 @@ install_cpu() {
 		python3 python3-venv python3-dev g++
 }
 
-# The gaudi base ships OpenMPI (at $MPI_ROOT), openssh, Python and, from its own run of the AWS EFA
-# installer, the one libfabric of the image ($LIBFABRIC_ROOT); add what the cluster needs.
+# The gaudi base ships Open MPI (at $MPI_ROOT), openssh, Python and, up to 1.22, from its own full run of
+# the AWS EFA installer, libfabric; from 1.23 on the installer runs --minimal and the profile has this
+# build make the one libfabric of the image ($LIBFABRIC_ROOT). Add what the cluster needs.
 install_gaudi() {
 	local name
-	for name in SYNAPSE_VERSION HABANA_TORCH_PLUGIN_VERSION HCCL_OFI_WRAPPER_COMMIT HCCL_OFI_WRAPPER_INTERFACE LIBFABRIC_ROOT; do
-		[[ -n "${!name:-}" ]] || die "FLAVOR=gaudi needs --build-arg $name; fix: build with 'make image PROFILE=gaudi|dl1'"
+	for name in SYNAPSE_VERSION HABANA_TORCH_PLUGIN_VERSION HCCL_OFI_WRAPPER_COMMIT HCCL_OFI_WRAPPER_INTERFACE \
+		LIBFABRIC_ROOT LIBFABRIC_SOURCE OPENMPI_ROOT OPENMPI_MAJOR; do
+		[[ -n "${!name:-}" ]] || die "FLAVOR=gaudi needs --build-arg $name; fix: build with 'make image PROFILE=...'"
 	done
-	[[ -n "${MPI_ROOT:-}" ]] || die "MPI_ROOT is not set by the base image; is BASE_IMAGE a Habana pytorch-installer image?"
 	[[ "${DS_ACCELERATOR:-}" == hpu ]] \
 		|| die "FLAVOR=gaudi needs --build-arg DS_ACCELERATOR=hpu (got '${DS_ACCELERATOR:-}'); 'make image' passes it"
 	check_synapse_release
-	check_one_libfabric
+	check_openmpi
 	apt_install ca-certificates curl git openssh-server openssh-client pdsh tini iproute2 procps \
 		build-essential bzip2 numactl ethtool
+	case "$LIBFABRIC_SOURCE" in
+		build) bash "$here/build-libfabric.sh" ;;
+		base) ;;
+		*) die "LIBFABRIC_SOURCE='$LIBFABRIC_SOURCE' is not base or build (profiles.json libfabric.from)" ;;
+	esac
+	check_one_libfabric
+	check_efa
 	bash "$here/build-hccl-ofi-wrapper.sh"
 	remove_bashrc_sshd
 	install_ssh_wrapper
@@ -68,12 +78,36 @@ check_synapse_release() {
 	note "Synapse $have (habana-torch-plugin), as the profile pins"
 }
 
-# check_one_libfabric: the base's EFA installer put libfabric in $LIBFABRIC_ROOT; it is not run again
-# (a second run replaced it under the wrapper's feet). Other copies are named so that a reader of the
-# build log sees them; $LIBFABRIC_ROOT/lib comes first on LD_LIBRARY_PATH (Dockerfile ENV) either way.
+# check_openmpi: the base's Open MPI is where the profile says and of the major whose launch flags the
+# launchers use (ORTE's on 4, PRRTE's on 5): a base that moved it fails here, not at the first mpirun.
+check_openmpi() {
+	local have major
+	[[ "${MPI_ROOT:-}" == "$OPENMPI_ROOT" ]] \
+		|| die "the base image sets MPI_ROOT='${MPI_ROOT:-}', the profile says Open MPI is in $OPENMPI_ROOT; fix: correct openmpi.root in profiles.json"
+	[[ -x "$MPI_ROOT/bin/mpirun" ]] || die "no $MPI_ROOT/bin/mpirun in the base image"
+	have="$("$MPI_ROOT/bin/mpirun" --version 2>/dev/null | awk '/Open MPI/ {print $NF; exit}')"
+	major="${have%%.*}"
+	[[ "$major" == "$OPENMPI_MAJOR" ]] \
+		|| die "$MPI_ROOT/bin/mpirun is Open MPI '${have:-unknown}', the profile says major $OPENMPI_MAJOR; fix: correct openmpi in profiles.json"
+	note "Open MPI $have in $MPI_ROOT, as the profile says"
+}
+
+# check_efa: the EFA libraries are where the profile says, or (installer --minimal) the profile expects none.
+check_efa() {
+	if [[ -n "${EFA_ROOT:-}" ]]; then
+		[[ -d "$EFA_ROOT/lib" ]] || die "no EFA libraries in EFA_ROOT=$EFA_ROOT (lib/); fix: correct efa.root in profiles.json"
+		note "EFA libraries in $EFA_ROOT"
+	else
+		note "no EFA libraries expected (the profile's base runs the EFA installer --minimal)"
+	fi
+}
+
+# check_one_libfabric: $LIBFABRIC_ROOT holds the one libfabric of the image (the base's EFA installation
+# is never run again: a second run replaced it under the wrapper's feet). Other copies are named so that
+# a reader of the build log sees them; $LIBFABRIC_ROOT/lib comes first on LD_LIBRARY_PATH (Dockerfile ENV).
 check_one_libfabric() {
 	[[ -e "$LIBFABRIC_ROOT/lib/libfabric.so.1" && -x "$LIBFABRIC_ROOT/bin/fi_info" ]] \
-		|| die "no libfabric in LIBFABRIC_ROOT=$LIBFABRIC_ROOT (lib/libfabric.so.1, bin/fi_info); fix: point the profile's libfabric_root at the base image's EFA installation"
+		|| die "no libfabric in LIBFABRIC_ROOT=$LIBFABRIC_ROOT (lib/libfabric.so.1, bin/fi_info); fix: correct libfabric in profiles.json"
 	[[ ":$LD_LIBRARY_PATH:" == *":$LIBFABRIC_ROOT/lib:"* ]] || die "$LIBFABRIC_ROOT/lib is not on LD_LIBRARY_PATH (Dockerfile ENV)"
 	"$LIBFABRIC_ROOT/bin/fi_info" --version
 	local other

@@ -9,7 +9,7 @@ set -Eeuo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/.." && pwd)"
-profile="${1:?usage: make-ohabana-venv.sh gaudi|dl1}"
+profile="${1:?usage: make-ohabana-venv.sh PROFILE (gaudi, gaudi-1.23, dl1: app/gaudi_cluster/settings/profiles.json)}"
 lock="$root/requirements/ohabana-$profile.txt"
 venv="$root/build/ohabana-$profile"
 wheels="$root/build/ohabana-wheelhouse"

@@ -34,6 +34,7 @@ from gaudi_cluster.compat.translate import (
 )
 from gaudi_cluster.errors import GaudiClusterError, error_line, exit_code_for
 from gaudi_cluster.master import run_master
+from gaudi_cluster.nodes import probe
 from gaudi_cluster.nodes.world import read_hostfile
 from gaudi_cluster.settings.config import resolve_config
 from gaudi_cluster.view.liveview import configure_logging
@@ -55,11 +56,14 @@ def run_spawn(
     dry_run: bool = False,
     environ: Mapping[str, str] | None = None,
     out: TextIO | None = None,
+    topology: Callable[[], tuple[int, int] | None] = probe.cpu_topology,
 ) -> int:
+    """`topology`: this node's sockets and cores, as optimum-habana reads them for --use_mpi (lscpu)."""
     environ = os.environ if environ is None else environ
     config = config_for_spawn(request, resolve_config({}, environ), dry_run)
     argv = [request.script, *request.script_args]
-    return run_master(config, argv, environ, out or sys.stdout, options_for_spawn(request))
+    options = options_for_spawn(request, topology() if request.use_mpi else None)
+    return run_master(config, argv, environ, out or sys.stdout, options)
 
 
 def command_words(command: str, index: int) -> list[str]:
@@ -158,13 +162,14 @@ class DistributedRunner:
             for argv in self.commands
         ]
 
-    def run(self) -> int:
-        """Run the commands in order; the first non-zero exit code stops and is returned, else 0."""
+    def run(self) -> int | None:
+        """Run the commands in order; the first non-zero exit code stops and is returned, else None
+        (as optimum-habana's run(): gaudi_spawn.py's sys.exit(None) is exit status 0)."""
         for request in self.requests():
             code = self._run(request, self.dry_run)
             if code:
                 return int(code)
-        return 0
+        return None
 
 
 def main(argv: Sequence[str], prog: str, run: SpawnRunner = run_spawn) -> int:

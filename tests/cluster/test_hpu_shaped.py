@@ -1,10 +1,13 @@
 """An HPU-shaped cluster: three containers that look like 8-card Gaudi nodes to the control plane.
 
 The image is a test-only layer on the cpu image (tests/cluster/hpu/Dockerfile, never shipped): stub
-hl-smi (8 cards, driver version per node), stub fi_info (providers per node, found only with the
-ranks' LD_LIBRARY_PATH), a fake sysfs tree (8 accel devices bound to habanalabs, one to intel_vpu),
-DS_ACCELERATOR=hpu and the gaudi profile file as the gaudi image has them. /dev/accel/accel0..8 and
-/dev/infiniband/uverbs0 are /dev/null mapped to those paths. The master runs with --accelerator auto.
+hl-smi (8 cards, driver version and card name per node), stub fi_info (providers per node, found only
+with the ranks' LD_LIBRARY_PATH), a fake sysfs tree (8 accel devices bound to habanalabs, one to
+intel_vpu), DS_ACCELERATOR=hpu and the default (1.24) profile's file, LIBFABRIC_ROOT and MPI_ROOT as the
+gaudi image has them, and the Open MPI and libfabric trees of both the 1.24 profile and the dl1 profile
+at the paths profiles.json gives (a node is DL1-shaped once its profile file, card and driver say so).
+/dev/accel/accel0..8 and /dev/infiniband/uverbs0 are /dev/null mapped to those paths. The master runs
+with --accelerator auto.
 Faked, so not tested here: HCCL, habana_frameworks and every Habana binary. The job's ranks run a plain
 Python script with DS_ACCELERATOR=cpu (given with --env) that prints the environment it got.
 """
@@ -17,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from gaudi_cluster.settings import profiles
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -38,14 +42,29 @@ HABANA_RUNTIME = {
     "HABANA_PLUGINS_LIB_PATH": "/opt/habanalabs/habana_plugins",
     "HABANA_SCAL_BIN_PATH": "/opt/habanalabs/engines_fw",
 }
-RANK_LIBRARY_PATH = "/opt/fake-libfabric/lib:/usr/lib/habanalabs:/opt/amazon/openmpi/lib"
+# The two shapes of node, from profiles.json: today's default (1.24, Gaudi 2/3) and DL1's (1.21, EFA).
+TODAY = profiles.load().profile(profiles.load().default)
+DL1 = profiles.load().profile("dl1")
+RANK_LIBRARY_PATH = f"{TODAY.libfabric_root}/lib:/usr/lib/habanalabs:{TODAY.openmpi.root}/lib"
+DL1_LIBRARY_PATH = f"{DL1.libfabric_root}/lib:/usr/lib/habanalabs:{DL1.openmpi.root}/lib"
+DRIVER = "1.24.1-b336d5e"
 
 
 @pytest.fixture(scope="module")
 def hpu_image(image) -> str:
     tag = f"{image}-hpu-test" if ":" in image else f"{image}:hpu-test"
+    shapes = {
+        "PROFILE": TODAY.name,
+        "OPENMPI_ROOT": TODAY.openmpi.root,
+        "OPENMPI_VERSION": TODAY.openmpi.version or f"{TODAY.openmpi.major}.0.0",
+        "LIBFABRIC_ROOT": TODAY.libfabric_root,
+        "DL1_OPENMPI_ROOT": DL1.openmpi.root,
+        "DL1_OPENMPI_VERSION": DL1.openmpi.version or f"{DL1.openmpi.major}.1.6",
+        "DL1_LIBFABRIC_ROOT": DL1.libfabric_root,
+    }
+    args = [word for name, value in shapes.items() for word in ("--build-arg", f"{name}={value}")]
     subprocess.run(
-        ["docker", "build", "-q", "-t", tag, "--build-arg", f"BASE={image}", str(HPU_DIR)],
+        ["docker", "build", "-q", "-t", tag, "--build-arg", f"BASE={image}", *args, str(HPU_DIR)],
         check=True,
         capture_output=True,
         timeout=600,
@@ -100,9 +119,24 @@ def set_providers(cluster, providers: str) -> None:
         on_node(cluster, name, f"printf '{providers}' > {FAKE}/providers")
 
 
-def in_master(cluster, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    command = ["docker", "exec", "-e", "GAUDI_CLUSTER_HOLD=0", "-e", "GAUDI_CLUSTER_SLOTS=", cluster.master]
+def in_master(
+    cluster, *argv: str, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    command = ["docker", "exec", "-e", "GAUDI_CLUSTER_HOLD=0", "-e", "GAUDI_CLUSTER_SLOTS="]
+    for name, value in (env or {}).items():
+        command += ["-e", f"{name}={value}"]
+    command.append(cluster.master)
     return subprocess.run([*command, *argv], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def shape(cluster, name: str, profile: str, card: str, driver: str) -> None:
+    """Make one node look like another server: its image's profile file, its cards and their driver."""
+    on_node(
+        cluster,
+        name,
+        f"printf '{profile}\\n' > /opt/gaudi-cluster/PROFILE && printf '{card}\\n' > {FAKE}/device_name "
+        f"&& printf '{driver}\\n' > {FAKE}/driver_version",
+    )
 
 
 def newest_env_file(cluster) -> dict[str, str]:
@@ -125,9 +159,9 @@ def master_forwards(cluster) -> dict[str, str]:
     }
 
 
-def doctor(cluster, *flags: str) -> tuple[int, str, list[dict]]:
+def doctor(cluster, *flags: str, env: dict[str, str] | None = None) -> tuple[int, str, list[dict]]:
     """(exit code, stderr, findings) of `doctor --json`."""
-    done = in_master(cluster, "gaudi-cluster", "doctor", "--json", *flags)
+    done = in_master(cluster, "gaudi-cluster", "doctor", "--json", *flags, env=env)
     return done.returncode, done.stderr, json.loads(done.stdout)
 
 
@@ -163,8 +197,16 @@ def test_the_doctor_table_of_hpu_nodes(cluster):
     for host in hosts:
         # 9 /dev/accel nodes, 8 of them bound to habanalabs.
         assert by[(host, "slots")]["detail"] == "8 used, 8 hpu detected"
-        assert by[(host, "driver")]["ok"] and "host driver 1.22.1-97ec1a4" in by[(host, "driver")]["detail"]
+        assert by[(host, "driver")]["ok"], by[(host, "driver")]
+        assert by[(host, "driver")]["detail"] == (
+            f"host driver {DRIVER} on HL-325L (Gaudi 3), image {TODAY.name} Synapse {TODAY.synapse_version}"
+        )
         assert by[(host, "efa")]["detail"] == "1 uverbs devices, efa provider, wrapper present"
+        # The 1.24-shaped node: Open MPI 5 under /opt/habanalabs and the build's libfabric, found.
+        assert by[(host, "paths")]["detail"] == (
+            f"Open MPI {TODAY.openmpi.mpirun}, libfabric {TODAY.libfabric.library} "
+            f"(Open MPI {TODAY.openmpi.version})"
+        )
     (preset,) = [f for f in findings if f["check"] == "env preset"]
     assert preset["host"] == cluster.ip_of(cluster.master) and preset["detail"].startswith("efa (auto:")
     assert all(f["ok"] for f in findings), table
@@ -180,6 +222,7 @@ def test_without_efa_the_job_gets_gaudinic_on_24_ranks(cluster):
             "master",
             "--start-timeout",
             "400",
+            "--tee",  # every rank's lines on the console, not rank 0's alone
             "--env",
             "DS_ACCELERATOR=cpu",
             JOB,
@@ -206,7 +249,7 @@ def test_without_efa_the_job_gets_gaudinic_on_24_ranks(cluster):
         **HABANA_RUNTIME,
         **master_forwards(cluster),
         "DS_ACCELERATOR": "cpu",
-        "LD_LIBRARY_PATH": "/opt/fake-libfabric/lib",
+        "LD_LIBRARY_PATH": f"{TODAY.libfabric_root}/lib",
         "HCCL_SOCKET_IFNAME": "eth0",
     }
 
@@ -255,19 +298,79 @@ def test_gaudi_direct_without_ofi_is_refused_before_anything_runs(cluster):
 
 def test_a_driver_of_another_release_on_one_node_blocks_the_launch(cluster):
     worker = cluster.worker_names[1]
-    on_node(cluster, worker, f"printf '1.21.0-555\\n' > {FAKE}/driver_version")
+    on_node(cluster, worker, f"printf '1.23.0-695\\n' > {FAKE}/driver_version")
     try:
         done = in_master(cluster, "gaudi-cluster", "master", "--env", "DS_ACCELERATOR=cpu", JOB)
     finally:
-        on_node(cluster, worker, f"printf '1.22.1-97ec1a4\\n' > {FAKE}/driver_version")
+        on_node(cluster, worker, f"printf '{DRIVER}\\n' > {FAKE}/driver_version")
     assert done.returncode == 3, done.stderr[-2000:]
     node = f"{cluster.ip_of(worker)} (worker-2)"
     assert (
-        f"driver: host driver 1.21.0-555 on {node} does not match the image's Synapse 1.22.0 (profile gaudi)"
-        in done.stderr
+        f"driver: host driver 1.23.0-695 on {node} does not match the image's Synapse "
+        f"{TODAY.synapse_version} (profile {TODAY.name}): Habana supports a driver and a container of "
+        "different releases on Gaudi 2 only" in done.stderr
     ), done.stderr
-    assert "fix: install the 1.22.x driver" in done.stderr and "make image PROFILE=dl1" in done.stderr
+    # Gaudi 3 one release behind: the profile for that fleet is named.
+    assert "fix: install the 1.24.x driver" in done.stderr and "make image PROFILE=gaudi-1.23" in done.stderr
     assert "RANK-ENV" not in done.stdout
+
+
+def test_a_node_without_the_profiles_open_mpi_is_named(cluster):
+    worker = cluster.worker_names[0]
+    root = TODAY.openmpi.root
+    on_node(cluster, worker, f"mv {root} {root}.away")
+    try:
+        code, err, findings = doctor(cluster)
+    finally:
+        on_node(cluster, worker, f"mv {root}.away {root}")
+    assert code == 3, err
+    (missing,) = [f for f in findings if f["check"] == "paths" and not f["ok"]]
+    assert missing["host"] == cluster.ip_of(worker) and missing["blocking"]
+    assert missing["detail"] == f"Open MPI {TODAY.openmpi.mpirun} is missing (profile {TODAY.name})"
+    assert f"make image PROFILE={TODAY.name}" in missing["fix"]
+    assert sum(f["ok"] for f in findings if f["check"] == "paths") == 2
+
+
+def test_dl1_shaped_nodes_find_their_efa_paths_and_a_dl1_card_under_the_1_24_image_is_refused(cluster):
+    """Every node turned DL1-shaped (dl1 profile, HL-205 cards, a 1.21 driver); the master's environment
+    is the dl1 image's (its profile's libfabric and Open MPI). Then one node back on the 1.24 image."""
+    dl1_env = {
+        "LIBFABRIC_ROOT": DL1.libfabric_root,
+        "MPI_ROOT": DL1.openmpi.root,
+        "LD_LIBRARY_PATH": f"{DL1.libfabric_root}/lib",
+    }
+    for name in nodes(cluster):
+        shape(cluster, name, DL1.name, "HL-205", "1.21.0-555")
+    try:
+        code, err, findings = doctor(cluster, "--env-preset", "efa", env=dl1_env)
+        dry = in_master(
+            cluster, "gaudi-cluster", "master", "--dry-run", "--env-preset", "efa", JOB, env=dl1_env
+        )
+        shape(cluster, cluster.worker_names[1], TODAY.name, "HL-205", "1.21.0-555")
+        refused, refused_err, refused_findings = doctor(cluster, "--env-preset", "efa", env=dl1_env)
+    finally:
+        for name in nodes(cluster):
+            shape(cluster, name, TODAY.name, "HL-325L", DRIVER)
+    assert code == 0, err
+    by = {(f["host"], f["check"]): f for f in findings}
+    for host in {f["host"] for f in findings if f["check"] == "slots"}:
+        assert by[(host, "driver")]["detail"] == (
+            "host driver 1.21.0-555 on HL-205 (first-generation Gaudi), image dl1 Synapse 1.21.0"
+        )
+        paths = ", ".join(f"{what} {path}" for what, path in DL1.required_paths().items())
+        assert by[(host, "paths")]["ok"] and by[(host, "paths")]["detail"] == f"{paths} (Open MPI 4.1.6)"
+        assert by[(host, "efa")]["ok"]
+    env_text = dry.stdout.split("# env file (not written: dry run)\n", 1)[1].split("# command", 1)[0]
+    assert dict(line.split("=", 1) for line in env_text.splitlines())["LD_LIBRARY_PATH"] == DL1_LIBRARY_PATH
+    assert refused == 3, refused_err
+    worker = cluster.ip_of(cluster.worker_names[1])
+    bad = {f["check"]: f for f in refused_findings if f["host"] == worker and not f["ok"]}
+    assert bad["driver"]["detail"] == (
+        f"HL-205 (first-generation Gaudi) on {worker} (worker-2) is not supported by the image's Synapse "
+        f"{TODAY.synapse_version} (profile {TODAY.name}: gaudi2, gaudi3)"
+    )
+    assert bad["driver"]["fix"] == "run the dl1 profile's image (make image PROFILE=dl1)"
+    assert f"differs: {TODAY.name} (others dl1)" in bad["profile"]["detail"]
 
 
 @pytest.mark.parametrize("with_devices", [True, False])

@@ -1,4 +1,7 @@
-"""The workload's Gaudi branch through the real optimum-habana of each image profile, on CPU.
+"""The workload's Gaudi branches on CPU through the real stack of each image profile: optimum-habana's
+GaudiTrainer (1.21.2, its final release, for the 1.24 default; 1.20.0 for gaudi-1.23; 1.18.1 for dl1),
+and `--trainer native`, transformers' own Trainer with the same pinned transformers and accelerate and no
+optimum-habana at all (the path left once optimum-habana, out of support since 2026-10-31, breaks).
 
 No Gaudi here, so this is the part of the HPU path that can run: `GaudiTrainingArguments`, `GaudiTrainer`,
 optimum-habana's `set_seed` and `GaudiConfig`, from a venv pinned exactly as the profile's Python stack
@@ -8,6 +11,7 @@ version with `pip list`) and tests/ohabana/stubs/habana_frameworks (HPU memory s
 the HPU seed). The run is the seed's: a local gaudi_config.json in place of --gaudi_config_name
 Habana/gpt2, --throughput_warmup_steps 3, --gradient_checkpointing; one process, then two ranks.
 --deepspeed cannot be exercised: optimum-habana refuses it off HPU, whatever DeepSpeed is installed.
+What only an HPU shows (the device, HCCL, eager against lazy mode) is not exercised by either branch here.
 """
 
 from __future__ import annotations
@@ -45,7 +49,20 @@ def venv(request) -> tuple[str, Path]:
     return request.param, ROOT / "build" / f"ohabana-{request.param}"
 
 
-def run_workload(venv: Path, tmp: Path, *extra: str, ranks: int = 1) -> subprocess.CompletedProcess[str]:
+# Runs the workload in-process and then says whether optimum-habana was ever imported.
+IMPORT_WATCH = (
+    "import runpy, sys\n"
+    "sys.argv = ['run_clm', *sys.argv[1:]]\n"
+    "try:\n"
+    "    runpy.run_module('train.run_clm', run_name='__main__')\n"
+    "finally:\n"
+    "    print('optimum.habana imported:', 'optimum.habana' in sys.modules, flush=True)\n"
+)
+
+
+def run_workload(
+    venv: Path, tmp: Path, *extra: str, ranks: int = 1, watch_imports: bool = False
+) -> subprocess.CompletedProcess[str]:
     (tmp / "gaudi_config.json").write_text(json.dumps(GAUDI_CONFIG))
     env = {
         **os.environ,
@@ -64,8 +81,7 @@ def run_workload(venv: Path, tmp: Path, *extra: str, ranks: int = 1) -> subproce
         launcher = [str(venv / "bin" / "torchrun"), "--standalone", "--nproc_per_node", str(ranks)]
     argv = [
         *launcher,
-        "-m",
-        "train.run_clm",
+        *(["-c", IMPORT_WATCH] if watch_imports else ["-m", "train.run_clm"]),
         "--do_train",
         "--output_dir",
         str(tmp / "out"),
@@ -152,3 +168,28 @@ def test_deepspeed_is_refused_off_hpu_with_one_line(venv, tmp_path):
     assert done.returncode == 2, done.stderr[-3000:]
     assert "run_clm: error: This version of DeepSpeed must be run on HPUs." in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_native_trainer_trains_with_the_profiles_transformers_and_no_optimum_habana(venv, tmp_path):
+    _, path = venv
+    done = run_workload(path, tmp_path, "--trainer", "native", watch_imports=True)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "optimum.habana imported: False" in done.stdout
+    seen = events(done.stdout)
+    assert seen["train_done"]["step"] == STEPS and seen["model_ready"]["world_size"] == 1
+    state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
+    assert [entry["step"] for entry in state["log_history"] if "loss" in entry] == list(range(1, STEPS + 1))
+    # transformers' own Trainer: no HPU memory figures in the logs, no GaudiConfig saved with the model.
+    assert not any("memory_allocated (GB)" in entry for entry in state["log_history"])
+    assert not (tmp_path / "out" / "gaudi_config.json").exists()
+    assert (
+        "--trainer native on cpu: --gaudi_config_name accepted and ignored (GaudiTrainer only)" in done.stderr
+    )
+    metrics = json.loads((tmp_path / "out" / "train_results.json").read_text())
+    assert metrics["throughput_warmup_steps_applied"] == 3
+
+
+def test_an_unknown_trainer_is_refused_with_one_line(venv, tmp_path):
+    _, path = venv
+    done = run_workload(path, tmp_path, "--trainer", "fast")
+    assert done.returncode == 2 and "--trainer fast: use one of gaudi, native" in done.stderr

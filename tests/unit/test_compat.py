@@ -1,13 +1,23 @@
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from gaudi_cluster.compat.translate import SpawnRequest, parse_gaudi_spawn_args
+from gaudi_cluster.compat.translate import (
+    SpawnRequest,
+    config_for_spawn,
+    options_for_spawn,
+    parse_gaudi_spawn_args,
+)
 from gaudi_cluster.errors import ConfigError
+from gaudi_cluster.launch.plan import MpiBinding
+from gaudi_cluster.launch.tools import openmpi_major
 from gaudi_cluster.nodes.hostfile import parse_hostfile
+from gaudi_cluster.settings import profiles
+from gaudi_cluster.settings.config import resolve_config
 from gaudi_cluster.spawn import DistributedRunner, commands_from_list, main, parse_spawn_args
 
 REPO = Path(__file__).resolve().parents[2]
@@ -172,11 +182,11 @@ def scripts(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_runner_runs_in_order_and_returns_zero(fake_launch, scripts, monkeypatch):
+def test_runner_runs_in_order_and_returns_none_as_optimum_habana(fake_launch, scripts, monkeypatch):
     calls = fake_launch.calls
     monkeypatch.chdir(scripts)
     code = DistributedRunner(["train.py --a 1", "eval.py"], world_size=8, use_mpi=True, run=fake_launch).run()
-    assert code == 0
+    assert code is None
     assert [(r.script, r.script_args, r.world_size, r.use_mpi) for r, _ in calls] == [
         ("train.py", ("--a", "1"), 8, True),
         ("eval.py", (), 8, True),
@@ -191,10 +201,10 @@ def test_runner_stops_at_first_failure(fake_launch, scripts, monkeypatch):
     assert [r.script for r, _ in calls] == ["train.py", "eval.py"]
 
 
-def test_runner_none_from_launcher_is_zero(fake_launch, scripts, monkeypatch):
+def test_runner_none_from_launcher_is_success(fake_launch, scripts, monkeypatch):
     fake_launch.codes.append(None)
     monkeypatch.chdir(scripts)
-    assert DistributedRunner(["train.py"], run=fake_launch).run() == 0
+    assert DistributedRunner(["train.py"], run=fake_launch).run() is None
 
 
 def test_runner_hostfile_and_options(fake_launch, scripts, monkeypatch):
@@ -209,7 +219,7 @@ def test_runner_hostfile_and_options(fake_launch, scripts, monkeypatch):
         map_by="slot",
         run=fake_launch,
     ).run()
-    assert code == 0
+    assert code is None
     req = calls[0][0]
     assert (req.hostfile, req.world_size, req.master_port, req.use_env, req.map_by) == (
         str(scripts / "H"),
@@ -245,7 +255,7 @@ def test_runner_multi_hls_deprecated():
 
 
 def test_runner_default_command_list_runs_nothing(fake_launch):
-    assert DistributedRunner(run=fake_launch).run() == 0
+    assert DistributedRunner(run=fake_launch).run() is None
     assert fake_launch.calls == []
 
 
@@ -277,3 +287,53 @@ def test_gaudi_spawn_script_reports_config_error(tmp_path):
     assert done.returncode == 2
     assert done.stderr.startswith("gaudi_spawn.py: error: --use_mpi and --use_deepspeed")
     assert done.stderr.count("\n") == 1
+
+
+LSCPU_2X16 = """Architecture:            x86_64
+CPU(s):                  64
+Thread(s) per core:      2
+Core(s) per socket:      16
+Socket(s):               2
+"""
+
+
+def test_use_mpi_dry_run_prints_optimum_habanas_binding_on_a_2x16_node(tmp_path):
+    """gaudi_spawn.py --world_size 8 --use_mpi on 2 sockets x 16 cores: PE=4 per rank, reported."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "lscpu").write_text(f"#!/bin/sh\ncat <<'EOF'\n{LSCPU_2X16}EOF\n")
+    (tools / "lscpu").chmod(0o755)
+    (tmp_path / "train.py").write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GAUDI_CLUSTER_")}
+    env["PATH"] = f"{tools}:{env['PATH']}"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "app" / "gaudi_spawn.py"), "--dry-run", "--world_size", "8", "--use_mpi",
+         "train.py", "--lr", "1"],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    command = done.stdout.split("# command\n", 1)[1]
+    major = profiles.load().dialect(openmpi_major())
+    assert (
+        f"mpirun --allow-run-as-root -n 8 -H localhost:8 --bind-to core --map-by socket:PE=4 "
+        f"--rank-by {major.rank_by} --report-bindings"
+    ) in command
+
+
+def test_use_mpi_on_one_card_is_one_plain_process_and_binds_nothing():
+    """optimum-habana runs a single card as `python script` whatever the launcher flag."""
+    request = SpawnRequest("train.py", (), 1, None, True, False, 29500)
+    assert config_for_spawn(request, resolve_config({}, {}), False).launcher == "direct"
+    assert options_for_spawn(request, (2, 16)).mpi_binding is None
+    eight = SpawnRequest("train.py", (), 8, None, True, False, 29500)
+    assert options_for_spawn(eight, (2, 16)).mpi_binding == MpiBinding("socket", 4)
+    assert options_for_spawn(eight, None).mpi_binding is None
+
+
+@pytest.mark.parametrize("use_env", [False, True])
+def test_use_env_concerns_the_torch_distributed_run_and_no_rank_gets_local_rank(use_env):
+    """torch.distributed.run never passes --local-rank (what use_env asks for), and refuses the --use_env
+    flag optimum-habana appends: either value gives the ranks LOCAL_RANK in their environment only."""
+    request = SpawnRequest("train.py", (), 4, None, False, False, 29500, use_env=use_env)
+    assert config_for_spawn(request, resolve_config({}, {}), False).launcher == "torchrun"
+    assert options_for_spawn(request).local_rank_arg is False

@@ -8,6 +8,7 @@ stand-ins in tests/cluster/hpu are the same ones the HPU-shaped cluster test bak
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 from gaudi_cluster.env import presets
 from gaudi_cluster.nodes import devices, probe
+from gaudi_cluster.settings import profiles
 from gaudi_cluster.wire.node_report import NodeReport
 
 HPU_DIR = Path(__file__).resolve().parents[1] / "cluster" / "hpu"
@@ -118,15 +120,28 @@ def test_fi_info_provider_lines(stdout, provider, found):
 
 @pytest.fixture
 def fake_node(tmp_path, sysfs, monkeypatch) -> Path:
-    """This process as an HPU node: the test stand-ins for hl-smi and fi_info, the fake sysfs."""
+    """This process as an HPU node: the test stand-ins for hl-smi, fi_info and mpirun, the fake sysfs,
+    and the dl1 profile with its paths moved into tmp_path."""
     fake = tmp_path / "fake-habana"
     fake.mkdir()
     (fake / "driver_version").write_text("1.21.0-555\n")
+    (fake / "device_name").write_text("HL-205\n")
     (fake / "providers").write_text("verbs\n")
     libfabric = tmp_path / "libfabric"
     (libfabric / "bin").mkdir(parents=True)
     (libfabric / "lib").mkdir()
+    (libfabric / "lib" / "libfabric.so.1").write_text("")
     (libfabric / "bin" / "fi_info").symlink_to(HPU_DIR / "fi_info")
+    openmpi = tmp_path / "openmpi"
+    (openmpi / "bin").mkdir(parents=True)
+    (openmpi / "share").mkdir()
+    (openmpi / "share" / "fake-openmpi-version").write_text("4.1.6\n")
+    (openmpi / "bin" / "mpirun").symlink_to(HPU_DIR / "mpirun")
+    raw = json.loads(profiles.MATRIX_PATH.read_text())
+    dl1 = raw["profiles"]["dl1"]
+    dl1["openmpi"]["root"] = str(openmpi)
+    dl1["libfabric"]["root"] = dl1["efa"]["root"] = str(libfabric)
+    monkeypatch.setattr(probe, "node_profile", profiles.load(json.dumps(raw)).profiles.get)
     tools = tmp_path / "bin"
     tools.mkdir()
     (tools / "hl-smi").symlink_to(HPU_DIR / "hl-smi")
@@ -154,7 +169,13 @@ def test_probe_of_an_hpu_node_reports_driver_profile_and_providers(fake_node, mo
     monkeypatch.setattr(probe, "PROFILE_FILE", profile_file)
     report = probe.probe([], "hpu", None, check_efa=False, check_fabric=True)
     assert report.driver_version == "1.21.0-555"
-    assert report.profile == "dl1"
+    assert report.profile == "dl1" and report.device_name == "HL-205"
+    assert report.openmpi_version == "4.1.6"
+    assert report.profile_paths == {
+        f"{tmp_path}/openmpi/bin/mpirun": True,
+        f"{fake_node}/lib/libfabric.so.1": True,
+        f"{fake_node}/lib": True,
+    }
     assert report.fi_providers == {"efa": False, "verbs": True}
     assert report.efa_provider is False
     # No /dev/accel on this machine: the slots fall back to hl-smi's 8 cards.

@@ -23,9 +23,11 @@ from gaudi_cluster.launch.launchers import (
 from gaudi_cluster.launch.plan import (
     AgentSettings,
     LaunchPlan,
+    MpiBinding,
     OnPath,
     PlanInputs,
     PythonModule,
+    mpi_binding,
     quote_for_pdsh,
     rank_command,
     render_shell,
@@ -33,6 +35,7 @@ from gaudi_cluster.launch.plan import (
 from gaudi_cluster.nodes.hostfile import HostEntry, Hostfile
 
 from tests.support import ds_reference as ds
+from tests.support.host_tools import require
 
 PY = "/opt/venv/bin/python"
 AGENT = AgentSettings(
@@ -210,8 +213,8 @@ def test_program_arrives_verbatim_through_deepspeed_pdsh_and_shell(tmp_path):
     assert tail == rank_command(AGENT, program, PY)[3:]
 
 
-@pytest.mark.skipif(not ds.pdsh_available(), reason="pdsh not installed")
 def test_program_arrives_verbatim_through_real_pdsh(tmp_path):
+    require("pdsh")
     program = ["/x/run_clm.py", *HARD_ARGS]
     plan = deepspeed_plan(**ds_kwargs(program=program))
     printer = ds.make_printer(tmp_path)
@@ -310,8 +313,41 @@ def test_mpirun_plan_openmpi5_golden():
 
 
 def test_mpirun_plan_rejects_unknown_openmpi():
-    with pytest.raises(ConfigError, match=r"OpenMPI 3.*fix:"):
+    with pytest.raises(ConfigError, match=r"Open MPI 3.*fix:"):
         mpirun_plan(**mpi_kwargs(openmpi_major=3))
+
+
+@pytest.mark.parametrize(
+    ("ranks", "topology", "map_by", "expected"),
+    [
+        (8, (2, 16), "socket", MpiBinding("socket", 4)),  # a 2 x 16-core server, 8 cards
+        (8, (2, 48), "socket", MpiBinding("socket", 12)),
+        (2, (1, 2), "socket", MpiBinding("socket", 1)),
+        (4, (8, 1), "socket", MpiBinding("slot", 2)),  # one core per socket: optimum-habana maps by slot
+        (3, (2, 16), "slot", MpiBinding("slot", 10)),  # floor, as DistributedRunner's //
+        (8, None, "socket", None),  # no lscpu: nothing to compute, nothing bound
+    ],
+)
+def test_mpi_binding_as_optimum_habana_computes_it(ranks, topology, map_by, expected):
+    assert mpi_binding(ranks, topology, map_by) == expected
+
+
+def test_mpi_binding_refuses_what_mpirun_would():
+    with pytest.raises(ConfigError, match=r"8 ranks on 4 cores .*PE=0.*fix:"):
+        mpi_binding(8, (1, 4))
+    with pytest.raises(ConfigError, match="not an mpirun mapping object"):
+        mpi_binding(8, (2, 16), "socket:PE=2")
+
+
+@pytest.mark.parametrize(("major", "rank_by"), [(4, "core"), (5, "slot")])
+def test_mpirun_plan_binds_with_each_open_mpis_spelling(major, rank_by):
+    plan = mpirun_plan(**mpi_kwargs(openmpi_major=major, local=True, binding=MpiBinding("socket", 4)))
+    words = list(plan.argv)
+    at = words.index("--bind-to")
+    assert words[at : at + 7] == [
+        "--bind-to", "core", "--map-by", "socket:PE=4", "--rank-by", rank_by, "--report-bindings",
+    ]  # fmt: skip
+    assert "none" not in words[: words.index("-x")]
 
 
 def test_torchrun_plan_golden():

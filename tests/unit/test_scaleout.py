@@ -10,6 +10,7 @@ from gaudi_cluster.env import presets
 from gaudi_cluster.env.jobenv import UserEnvFile, choose_preset, describe, job_env
 from gaudi_cluster.errors import ConfigError
 from gaudi_cluster.nodes.checks import Finding, blocking, check_nodes
+from gaudi_cluster.settings import profiles
 from gaudi_cluster.wire.node_report import Interface
 
 from tests.support.reports import as_report, as_reports
@@ -165,7 +166,10 @@ def hpu_report(**over) -> dict:
         "uverbs_devices": ["/dev/infiniband/uverbs0"],
         "hccl_ofi_wrapper": "/usr/lib/habanalabs/libhccl_ofi_wrapper.so",
         "profile": "gaudi",
-        "driver_version": "1.22.1-97ec1a4",
+        "driver_version": "1.24.1-b336d5e",
+        "device_name": "HL-325L",
+        "profile_paths": GAUDI_PATHS,
+        "openmpi_version": "5.0.8",
         "fi_providers": {"efa": False, "verbs": True},
         "efa_provider": False,
     }
@@ -183,22 +187,80 @@ def of(found: list[Finding], check: str) -> list[Finding]:
     return [f for f in found if f.check == check]
 
 
-def test_a_driver_mismatch_blocks_naming_the_node_and_both_versions():
-    found = findings({"w1": hpu_report(), "w2": hpu_report(driver_version="1.21.0-555")})
+def test_a_driver_mismatch_blocks_naming_the_node_both_versions_and_why():
+    found = findings({"w1": hpu_report(), "w2": hpu_report(driver_version="1.22.1-97ec1a4")})
     (bad,) = [f for f in of(found, "driver") if not f.ok]
     assert bad.host == "w2" and bad.blocking
     assert bad.detail == (
-        "host driver 1.21.0-555 on w2 (node) does not match the image's Synapse 1.22.0 (profile gaudi)"
+        "host driver 1.22.1-97ec1a4 on w2 (node) does not match the image's Synapse 1.24.1 (profile gaudi): "
+        "Habana supports a driver and a container of different releases on Gaudi 2 only (adjacent)"
     )
-    assert "install the 1.22.x driver on w2" in bad.fix and "make image PROFILE=dl1" in bad.fix
+    # No profile runs a 1.22 driver on Gaudi 3: the driver is what to change.
+    assert bad.fix == "install the 1.24.x driver on w2"
     assert [f.host for f in blocking(found)] == ["w2"]
 
 
+def test_a_gaudi3_one_release_behind_is_told_the_profile_to_build():
+    (bad,) = of(findings({"w1": hpu_report(driver_version="1.23.0-695")}), "driver")
+    assert not bad.ok and "run the gaudi-1.23 profile's image (make image PROFILE=gaudi-1.23)" in bad.fix
+
+
+def test_a_gaudi2_driver_one_release_away_is_a_supported_pair_two_are_not():
+    (adjacent,) = of(
+        findings({"w1": hpu_report(device_name="HL-225", driver_version="1.23.0-695")}), "driver"
+    )
+    assert adjacent.ok and "adjacent releases, supported on Gaudi 2" in adjacent.detail
+    assert "HL-225 (Gaudi 2)" in adjacent.detail
+    (far,) = of(findings({"w1": hpu_report(device_name="HL-225", driver_version="1.22.1-97ec1a4")}), "driver")
+    assert not far.ok and "adjacent releases only" in far.detail
+
+
+def test_a_first_generation_card_under_a_1_24_image_is_sent_to_the_dl1_profile():
+    (bad,) = of(findings({"w1": hpu_report(device_name="HL-205", driver_version="1.21.0-555")}), "driver")
+    assert not bad.ok and bad.blocking
+    assert bad.detail == (
+        "HL-205 (first-generation Gaudi) on w1 (node) is not supported by the image's Synapse 1.24.1 "
+        "(profile gaudi: gaudi2, gaudi3)"
+    )
+    assert bad.fix == "run the dl1 profile's image (make image PROFILE=dl1)"
+    dl1 = hpu_report(profile="dl1", device_name="HL-205", driver_version="1.21.1-12")
+    (fine,) = of(findings({"w1": dl1}), "driver")
+    assert (
+        fine.ok
+        and fine.detail
+        == "host driver 1.21.1-12 on HL-205 (first-generation Gaudi), image dl1 Synapse 1.21.0"
+    )
+
+
 def test_the_driver_check_passes_within_the_release_and_is_skipped_without_a_profile():
-    found = findings({"w1": hpu_report(driver_version="1.22.2-32"), "w2": hpu_report(profile=None)})
+    found = findings({"w1": hpu_report(driver_version="1.24.0-1007"), "w2": hpu_report(profile=None)})
     assert [(f.host, f.ok) for f in of(found, "driver")] == [("w1", True)]
     (silent,) = of(findings({"w1": hpu_report(driver_version=None)}), "driver")
     assert not silent.ok and not silent.blocking and "hl-smi" in silent.detail
+
+
+GAUDI = profiles.load().profile("gaudi")
+GAUDI_PATHS = dict.fromkeys(GAUDI.required_paths().values(), True)
+
+
+def test_the_profiles_paths_are_checked_on_every_node_and_the_missing_one_named():
+    (fine,) = of(findings({"w1": hpu_report()}), "paths")
+    assert fine.ok and fine.detail == (
+        f"Open MPI {GAUDI.openmpi.mpirun}, libfabric {GAUDI.libfabric.library} (Open MPI 5.0.8)"
+    )
+    missing = {**GAUDI_PATHS, GAUDI.openmpi.mpirun: False}
+    (bad,) = of(findings({"w1": hpu_report(profile_paths=missing)}), "paths")
+    assert not bad.ok and bad.blocking
+    assert bad.detail == f"Open MPI {GAUDI.openmpi.mpirun} is missing (profile gaudi)"
+    assert "make image PROFILE=gaudi" in bad.fix
+    (old,) = of(findings({"w1": hpu_report(openmpi_version="4.1.6")}), "paths")
+    assert not old.ok and "is Open MPI 4.1.6; profile gaudi launches with 5's flags" in old.detail
+
+
+def test_nodes_of_two_profiles_are_named():
+    found = findings({"w1": hpu_report(), "w2": hpu_report(), "w3": hpu_report(profile="gaudi-1.23")})
+    (odd,) = of(found, "profile")
+    assert odd.host == "w3" and odd.blocking and "gaudi-1.23 (others gaudi)" in odd.detail
 
 
 def test_hostnic_needs_the_verbs_provider():

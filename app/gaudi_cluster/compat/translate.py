@@ -4,7 +4,14 @@ into the configuration and launch options the master runs (see `spawn`).
 
 Differences from the original, all on purpose: errors are one-line ConfigErrors (also ValueErrors,
 so callers catching ValueError keep working); an explicit --world_size that contradicts the
-hostfile is refused instead of silently ignored; run() returns 0, not None.
+hostfile is refused instead of silently ignored.
+
+As the original: `--use_mpi` binds each rank to its share of the node's cores (`plan.mpi_binding`: PE =
+sockets x cores per socket // ranks, mapped by socket, by slot with one core per socket) and mpirun
+reports the bindings; one card runs one plain process whatever the launcher flag; `use_env` only
+concerns the torch.distributed run, whose ranks read LOCAL_RANK from the environment and never get
+--local_rank (what use_env asks for: torch.distributed.run itself refuses the --use_env flag the
+original appends, so it is not passed on).
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import NoReturn
 
 from gaudi_cluster.errors import ConfigError
-from gaudi_cluster.launch.plan import LaunchOptions
+from gaudi_cluster.launch.plan import LaunchOptions, mpi_binding
 from gaudi_cluster.nodes.hostfile import Hostfile, active_resources
 from gaudi_cluster.settings.config import ClusterConfig
 
@@ -275,8 +282,8 @@ def config_for_spawn(request: SpawnRequest, base: ClusterConfig, dry_run: bool) 
     # As optimum-habana: mpirun, DeepSpeed, torch.distributed.run for several cards, plain python for
     # one (here the direct launcher: one rank agent, no launcher in between).
     launcher = "mpirun" if request.use_mpi else "deepspeed" if request.use_deepspeed else "torchrun"
-    if launcher == "torchrun" and request.world_size == 1:
-        launcher = "direct"
+    if launcher in ("torchrun", "mpirun") and request.world_size == 1 and request.hostfile is None:
+        launcher = "direct"  # optimum-habana's single card: one plain process, no mpirun
     config = replace(
         base,
         launcher=launcher,
@@ -293,10 +300,13 @@ def config_for_spawn(request: SpawnRequest, base: ClusterConfig, dry_run: bool) 
     return replace(config, hostfile=None, nodes=None, slots=request.world_size)
 
 
-def options_for_spawn(request: SpawnRequest) -> LaunchOptions:
+def options_for_spawn(request: SpawnRequest, topology: tuple[int, int] | None = None) -> LaunchOptions:
+    """`topology`: this node's (sockets, cores per socket), which --use_mpi binds the ranks by."""
     # optimum-habana passes --no_local_rank to DeepSpeed except on a single card.
     single_card = request.use_deepspeed and request.hostfile is None and request.world_size == 1
+    use_mpi = request.use_mpi and request.world_size > 1
     return LaunchOptions(
+        mpi_binding=mpi_binding(request.world_size, topology, request.map_by) if use_mpi else None,
         include=request.include,
         exclude=request.exclude,
         bind_cores_to_rank=request.bind_cores_to_rank,

@@ -7,6 +7,10 @@
 Every HPU preset carries Habana's runtime paths (a rank without GC_KERNEL_PATH fails its first graph
 compile). FI_PROVIDER is left alone: HCCL picks the provider itself (verbs before tcp).
 
+Where libfabric and Open MPI live is a fact of the image's profile (settings/profiles.json), which the
+gaudi build hands to every process as LIBFABRIC_ROOT and MPI_ROOT (the ssh sessions get them too): the
+OFI presets read those, never a path of their own. An image that sets neither gets neither directory.
+
 HCCL_SOCKET_IFNAME (the interface of HCCL's own sockets) is written only when given or derived from the
 route to the master (`hccl_socket_ifname`); unset, HCCL takes the first IPv4 interface whose name does
 not start with lo, docker or tunl and that is not a Gaudi NIC. The seed's rule, `default_socket_ifname`
@@ -23,7 +27,6 @@ from collections.abc import Callable, Mapping, Sequence
 
 from gaudi_cluster.wire.node_report import HABANA_DRIVER, Interface
 
-DEFAULT_LIBFABRIC_ROOT = "/opt/amazon/efa"
 OFI_WRAPPER_DIR = "/usr/lib/habanalabs"
 
 
@@ -35,18 +38,17 @@ def _prepend_paths(first: Sequence[str], existing: str | None) -> str:
     return ":".join(parts)
 
 
-def libfabric_root(environ: Mapping[str, str]) -> str:
-    """The image's one libfabric (the gaudi image sets LIBFABRIC_ROOT from its profile)."""
-    return environ.get("LIBFABRIC_ROOT") or DEFAULT_LIBFABRIC_ROOT
+def libfabric_root(environ: Mapping[str, str]) -> str | None:
+    """The image's one libfabric (the gaudi build sets LIBFABRIC_ROOT from its profile), or None."""
+    return environ.get("LIBFABRIC_ROOT") or None
 
 
 def fabric_ld_library_path(environ: Mapping[str, str]) -> str:
     """The ranks' LD_LIBRARY_PATH on the OFI paths: libfabric's lib first (hccl_ofi_wrapper has no
-    RPATH), then the wrapper and OpenMPI; the probe runs fi_info with the same value."""
-    return _prepend_paths(
-        [f"{libfabric_root(environ)}/lib", OFI_WRAPPER_DIR, "/opt/amazon/openmpi/lib"],
-        environ.get("LD_LIBRARY_PATH"),
-    )
+    RPATH), then the wrapper and Open MPI's; the probe runs fi_info with the same value."""
+    root, mpi_root = libfabric_root(environ), environ.get("MPI_ROOT")
+    first = [*([f"{root}/lib"] if root else []), OFI_WRAPPER_DIR, *([f"{mpi_root}/lib"] if mpi_root else [])]
+    return _prepend_paths(first, environ.get("LD_LIBRARY_PATH"))
 
 
 def _habana_runtime(environ: Mapping[str, str]) -> dict[str, str]:

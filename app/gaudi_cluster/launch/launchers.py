@@ -16,6 +16,7 @@ from gaudi_cluster.errors import ConfigError
 from gaudi_cluster.launch.plan import (
     AgentSettings,
     LaunchPlan,
+    MpiBinding,
     OnPath,
     OpenMpiMajor,
     PlanInputs,
@@ -26,14 +27,18 @@ from gaudi_cluster.launch.plan import (
     rank_command,
 )
 from gaudi_cluster.nodes.hostfile import Hostfile, render_mpi_hosts
+from gaudi_cluster.settings import profiles
 from gaudi_cluster.wire.node_spec import AGENT_MODULE, FANOUT_MODULE, FanoutSpec, NodeEntry, NodeSpec
 
 _OTHERWISE = "or choose another launcher"
 SSH = OnPath("ssh", f"install it (apt-get install openssh-client) {_OTHERWISE}")
 PDSH = OnPath("pdsh", f"install it (apt-get install pdsh) {_OTHERWISE}")
 MPIRUN = OnPath("mpirun", f"install it (OpenMPI: apt-get install openmpi-bin) {_OTHERWISE}")
-# ORTE and PRRTE: the two dialects of launch flags mpirun_plan speaks.
-OPENMPI = OpenMpiMajor((4, 5), f"put an Open MPI 4 or 5 mpirun first on PATH {_OTHERWISE}")
+# ORTE and PRRTE: the dialects of launch flags mpirun_plan speaks, as profiles.json records them.
+_MAJORS = profiles.matrix().openmpi_majors
+OPENMPI = OpenMpiMajor(
+    _MAJORS, f"put an Open MPI {' or '.join(map(str, _MAJORS))} mpirun first on PATH {_OTHERWISE}"
+)
 DEEPSPEED = PythonModule("deepspeed", f"install DeepSpeed in this Python environment {_OTHERWISE}")
 TORCH = PythonModule("torch", f"install PyTorch in this Python environment {_OTHERWISE}")
 
@@ -137,26 +142,32 @@ def mpirun_plan(
     socket_ifname: str | None = None,
     launcher_args: str = "",
     local: bool = False,
+    binding: MpiBinding | None = None,
 ) -> LaunchPlan:
-    """OpenMPI 4 (ORTE, --mca plm_rsh_args) or 5 (PRRTE, --prtemca plm_ssh_args); a `local` plan
-    starts every rank on this node and never uses ssh."""
-    if openmpi_major not in OPENMPI.majors:
-        raise ConfigError(f"OpenMPI {openmpi_major} is not supported; fix: use OpenMPI 4 or 5 in the image")
+    """Open MPI 4 (ORTE) or 5 (PRRTE), each with its own flags (profiles.json's openmpi_dialects); a
+    `local` plan starts every rank on this node and never uses ssh. With a binding, each rank is bound
+    to its cores as optimum-habana's --use_mpi does; without one, nothing is bound."""
+    dialect = profiles.matrix().dialect(openmpi_major)
     argv = ["mpirun", "--allow-run-as-root"]
     if mpi_root:
         argv += ["--prefix", mpi_root]
-    argv += ["-n", str(hostfile.world_size), "-H", render_mpi_hosts(hostfile), "--bind-to", "none"]
+    argv += ["-n", str(hostfile.world_size), "-H", render_mpi_hosts(hostfile)]
+    argv += binding.args(dialect.rank_by) if binding else ["--bind-to", "none"]
     if not local:
         ssh_args = f"-p {ssh_port}"
         if ssh_config_path:
             ssh_args += f" -F {no_space(ssh_config_path, 'ssh config path')}"
-        launch = ("--mca", "plm_rsh_args") if openmpi_major == 4 else ("--prtemca", "plm_ssh_args")
-        argv += [*launch, ssh_args]
-    if openmpi_major == 4:
-        argv += ["--mca", "btl", "^openib"]
+        argv += [*dialect.ssh_args, ssh_args]
+    argv += dialect.btl
     if socket_ifname and not local:
-        oob = "--mca" if openmpi_major == 4 else "--prtemca"
-        argv += ["--mca", "btl_tcp_if_include", socket_ifname, oob, "oob_tcp_if_include", socket_ifname]
+        argv += [
+            "--mca",
+            "btl_tcp_if_include",
+            socket_ifname,
+            dialect.oob_mca,
+            "oob_tcp_if_include",
+            socket_ifname,
+        ]
     argv += shlex.split(launcher_args)
     exported = {k: v for k, v in env.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
     for name in sorted(exported):
@@ -252,6 +263,7 @@ class MpirunLauncher:
             socket_ifname=inputs.socket_ifname,
             launcher_args=inputs.launcher_args,
             local=inputs.local,
+            binding=inputs.mpi_binding,
         )
 
 

@@ -122,6 +122,46 @@ Requirement = OnPath | PythonModule | OpenMpiMajor
 
 
 @dataclass(frozen=True)
+class MpiBinding:
+    """optimum-habana's `--use_mpi` core binding: each rank bound to PE cores, mapped by socket (by slot
+    when a socket has one core, as inside some VMs); mpirun reports the bindings it made."""
+
+    map_by: str
+    pe: int
+
+    def args(self, rank_by: str) -> list[str]:
+        """mpirun's words for it; rank_by is the Open MPI's own spelling (core on 4, slot on 5)."""
+        return [
+            "--bind-to",
+            "core",
+            "--map-by",
+            f"{self.map_by}:PE={self.pe}",
+            "--rank-by",
+            rank_by,
+            "--report-bindings",
+        ]
+
+
+def mpi_binding(ranks: int, topology: tuple[int, int] | None, map_by: str = "socket") -> MpiBinding | None:
+    """The binding DistributedRunner computes from lscpu's sockets and cores per socket for `ranks` ranks on
+    one node: PE = sockets * cores // ranks; None when the topology is unknown (then nothing is bound)."""
+    if topology is None:
+        return None
+    sockets, cores_per_socket = topology
+    if not map_by or any(c.isspace() or c == ":" for c in map_by):
+        raise ConfigError(f"map_by={map_by!r} is not an mpirun mapping object; fix: use socket or slot")
+    if cores_per_socket == 1:  # optimum-habana: "Running inside a VM?"
+        map_by = "slot"
+    pe = sockets * cores_per_socket // max(ranks, 1)
+    if pe < 1:
+        raise ConfigError(
+            f"{ranks} ranks on {sockets * cores_per_socket} cores ({sockets} sockets x {cores_per_socket}) "
+            "leave no core per rank to bind (optimum-habana would pass PE=0); fix: fewer ranks"
+        )
+    return MpiBinding(map_by, pe)
+
+
+@dataclass(frozen=True)
 class LaunchOptions:
     """DeepSpeed runner flags a gaudi_spawn.py user passed through, kept with DeepSpeed's meaning."""
 
@@ -131,6 +171,7 @@ class LaunchOptions:
     bind_core_list: str | None = None
     launcher_args: str = ""
     local_rank_arg: bool = False  # the script gets --local_rank=N (DeepSpeed's default)
+    mpi_binding: MpiBinding | None = None  # --use_mpi: optimum-habana's core binding for mpirun
 
     def runner_args(self) -> tuple[str, ...]:
         args: list[str] = []
@@ -169,3 +210,4 @@ class PlanInputs:
     # DeepSpeed runner flags passed through as given: --include/--exclude, --bind_cores_to_rank, ...
     runner_args: tuple[str, ...] = ()
     launcher_args: str = ""  # DeepSpeed's --launcher_args: extra flags for the backend (pdsh, mpirun)
+    mpi_binding: MpiBinding | None = None  # mpirun binds each rank to its cores (else --bind-to none)

@@ -8,25 +8,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 from gaudi_cluster.env import presets
-from gaudi_cluster.settings import profiles
+from gaudi_cluster.nodes.image_checks import Finding, driver_findings, profile_path_findings
 from gaudi_cluster.wire.node_report import HABANA_DRIVER, NodeReport
+
+__all__ = ["Finding", "blocking", "check_nodes", "render_json", "render_table"]
 
 MIN_FREE_SHM = 256 << 20
 COMPARED_PACKAGES = ("torch", "deepspeed", "transformers", "optimum-habana")
-
-
-@dataclass(frozen=True)
-class Finding:
-    host: str
-    check: str
-    ok: bool
-    detail: str
-    fix: str = ""
-    blocking: bool = True
 
 
 def _majority(values: Mapping[str, Any]) -> Any:
@@ -108,7 +100,8 @@ def _node_findings(
             found.append(Finding(host, "interface", True, f"{socket_ifname} {addresses[socket_ifname][0]}"))
     found += _hccl_interface_findings(host, report, env.get("HCCL_SOCKET_IFNAME"), socket_ifname)
     if kind == "hpu":
-        found += _driver_findings(host, report)
+        found += driver_findings(host, report)
+    found += profile_path_findings(host, report)
     if env.get("HCCL_OVER_OFI") == "1":
         found += _ofi_findings(host, report, presets.wanted_provider(env) or "efa")
     for path, exists in report.paths.items():
@@ -173,40 +166,6 @@ def _hccl_interface_findings(
     return [Finding(host, "hccl interface", True, f"{hccl_ifname} {interface.addresses[0]}")]
 
 
-def _driver_findings(host: str, report: NodeReport) -> list[Finding]:
-    """The host driver against the image profile's Synapse release (mixing them is unsupported)."""
-    name = report.profile
-    if not name:
-        return []
-    matrix = profiles.load()
-    if name not in matrix.profiles:
-        return [
-            Finding(host, "driver", False, f"image profile '{name}' is unknown here", "rebuild the image")
-        ]
-    profile = matrix.profile(name)
-    version = report.driver_version
-    if not version:
-        detail = (
-            f"`hl-smi -Q driver_version` gave no version to compare with Synapse {profile.synapse_version}"
-        )
-        return [Finding(host, "driver", False, detail, "check hl-smi on the node", blocking=False)]
-    if profiles.release(version) == profile.synapse_release:
-        return [
-            Finding(
-                host, "driver", True, f"host driver {version}, image {name} Synapse {profile.synapse_version}"
-            )
-        ]
-    fitting = [p.name for p in matrix.profiles.values() if p.synapse_release == profiles.release(version)]
-    fix = f"install the {profile.synapse_release}.x driver on {host}"
-    fix += f", or run the {fitting[0]} profile's image (make image PROFILE={fitting[0]})" if fitting else ""
-    node = f"{host} ({report.hostname})" if report.hostname not in (None, host) else host
-    detail = (
-        f"host driver {version} on {node} does not match the image's Synapse "
-        f"{profile.synapse_version} (profile {name})"
-    )
-    return [Finding(host, "driver", False, detail, fix)]
-
-
 def _ofi_findings(host: str, report: NodeReport, provider: str) -> list[Finding]:
     """HCCL over libfabric: uverbs devices, the provider the ranks need, and hccl_ofi_wrapper."""
     found = []
@@ -257,7 +216,12 @@ def _consistency_findings(reports: Mapping[str, NodeReport]) -> list[Finding]:
     if len(reports) < 2:
         return []
     found = []
-    for key, label in (("versions", "versions"), ("build_id", "image"), ("python", "python")):
+    for key, label in (
+        ("versions", "versions"),
+        ("build_id", "image"),
+        ("python", "python"),
+        ("profile", "profile"),
+    ):
         values = {host: getattr(report, key) for host, report in reports.items()}
         expected = _majority(values)
         for host, value in values.items():

@@ -10,23 +10,27 @@ import glob
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from gaudi_cluster.env import presets
 from gaudi_cluster.errors import ConfigError
 from gaudi_cluster.nodes import devices
 from gaudi_cluster.rank import jobdir
+from gaudi_cluster.settings import profiles
 from gaudi_cluster.wire.node_report import Interface, NodeReport
 
 PACKAGES = ("torch", "deepspeed", "transformers", "optimum-habana", "habana-torch-plugin")
 BUILD_ID_FILE = Path("/opt/gaudi-cluster/BUILD_ID")
 PROFILE_FILE = Path("/opt/gaudi-cluster/PROFILE")
 HCCL_OFI_WRAPPER = "libhccl_ofi_wrapper.so"
+HL_SMI_NAME = ("hl-smi", "-Q", "name", "-f", "csv,noheader")
+_OPENMPI_VERSION = re.compile(r"Open MPI\)?\s+v?([0-9]+(?:\.[0-9]+)*)")
 
 
 def image_profile(path: Path | None = None) -> str | None:
@@ -113,14 +117,66 @@ def _hccl_ofi_wrapper() -> str | None:
     return None
 
 
-def _fi_info(environ: dict[str, str]) -> str | None:
+def node_profile(name: str | None) -> profiles.Profile | None:
+    """This image's profile from the package's matrix (None: the cpu flavor, or a name it does not know)."""
+    matrix = profiles.matrix()
+    return matrix.profiles.get(name) if name else None
+
+
+def fabric_environ(environ: Mapping[str, str], profile: profiles.Profile | None) -> dict[str, str]:
+    """The environment as this image's profile defines it: its libfabric and Open MPI (what the build set
+    in the image's environment from the same profile; the profile wins if the two ever disagree)."""
+    if profile is None:
+        return dict(environ)
+    return {**environ, "LIBFABRIC_ROOT": profile.libfabric_root, "MPI_ROOT": profile.openmpi.root}
+
+
+def _fi_info(environ: Mapping[str, str]) -> str | None:
     """The image's libfabric's fi_info ($LIBFABRIC_ROOT/bin first, as the image's PATH has it)."""
-    own = Path(presets.libfabric_root(environ)) / "bin" / "fi_info"
-    if own.is_file():
+    root = presets.libfabric_root(environ)
+    own = Path(root) / "bin" / "fi_info" if root else None
+    if own is not None and own.is_file():
         return str(own)
-    return shutil.which("fi_info", path=environ.get("PATH")) or next(
-        iter(glob.glob("/opt/amazon/efa/bin/fi_info")), None
-    )
+    return shutil.which("fi_info", path=environ.get("PATH"))
+
+
+def profile_paths(profile: profiles.Profile | None) -> dict[str, bool]:
+    """Whether each path the profile puts Open MPI, libfabric and EFA at exists here."""
+    return {path: os.path.exists(path) for path in (profile.required_paths().values() if profile else ())}
+
+
+def parse_openmpi_version(stdout: str) -> str | None:
+    """'mpirun (Open MPI) 5.0.8' -> '5.0.8'."""
+    match = _OPENMPI_VERSION.search(stdout or "")
+    return match.group(1) if match else None
+
+
+def openmpi_version(profile: profiles.Profile | None, environ: Mapping[str, str]) -> str | None:
+    """The version of the profile's mpirun (else the one on PATH); None when there is none."""
+    mpirun = profile.openmpi.mpirun if profile else shutil.which("mpirun", path=environ.get("PATH"))
+    if not mpirun or not os.path.exists(mpirun):
+        return None
+    return parse_openmpi_version(devices.default_run([mpirun, "--version"], 10.0) or "")
+
+
+def device_name() -> str | None:
+    """hl-smi's name of this node's cards (one row per card, all alike): what tells the generation."""
+    rows = [line.strip() for line in (devices.default_run(HL_SMI_NAME) or "").splitlines() if line.strip()]
+    return rows[0] if rows else None
+
+
+def parse_lscpu(stdout: str) -> tuple[int, int] | None:
+    """(sockets, cores per socket) from `lscpu`, as optimum-habana's DistributedRunner reads them."""
+    fields = dict(line.split(":", 1) for line in stdout.splitlines() if ":" in line)
+    try:
+        return int(fields["Socket(s)"].strip()), int(fields["Core(s) per socket"].strip())
+    except (KeyError, ValueError):
+        return None
+
+
+def cpu_topology() -> tuple[int, int] | None:
+    """This node's (sockets, cores per socket), or None when lscpu is missing or says neither."""
+    return parse_lscpu(devices.default_run(["lscpu"], 10.0) or "")
 
 
 def _existing_ancestor(path: str) -> str:
@@ -131,7 +187,7 @@ def _existing_ancestor(path: str) -> str:
     return str(current)
 
 
-def fi_providers(names: Sequence[str], environ: dict[str, str]) -> dict[str, bool | None]:
+def fi_providers(names: Sequence[str], environ: Mapping[str, str]) -> dict[str, bool | None]:
     """Whether `fi_info -p NAME` finds each provider, run with the ranks' LD_LIBRARY_PATH (so with the
     libfabric HCCL will load); None for every name when there is no fi_info."""
     fi_info = _fi_info(environ)
@@ -161,7 +217,9 @@ def probe(
 ) -> NodeReport:
     """check_efa: run `fi_info -p efa` whatever the node; check_fabric: on an HPU node, also see which of
     the efa and verbs providers its libfabric offers (what `--env-preset auto` and hostnic need)."""
-    environ = dict(os.environ)
+    profile_name = image_profile()
+    profile = node_profile(profile_name)
+    environ = fabric_environ(os.environ, profile)
     driver_of = devices.sysfs_driver(devices.sysfs_root(environ))
     kind = devices.detect_accelerator(environ, driver_of=driver_of) if accelerator == "auto" else accelerator
     wanted = ["efa"] if check_efa else []
@@ -181,11 +239,14 @@ def probe(
         free_shm_bytes=_free_bytes("/dev/shm"),
         uverbs_devices=tuple(sorted(glob.glob("/dev/infiniband/uverbs*"))),
         hccl_ofi_wrapper=_hccl_ofi_wrapper(),
-        profile=image_profile(),
+        profile=profile_name,
         cpus=usable_cpus(),
         boot_id=boot_id(),
         driver_version=devices.driver_version(devices.default_run) if kind == "hpu" else None,
         fi_providers=fi_providers(wanted, environ) if wanted else {},
+        device_name=device_name() if kind == "hpu" else None,
+        profile_paths=profile_paths(profile),
+        openmpi_version=openmpi_version(profile, environ) if profile else None,
     )
 
 

@@ -136,6 +136,26 @@ class ClusterConfig:
         "shows one line, redrawn in place)",
         "60",
     )
+    tee: bool = setting(
+        False,
+        parse_bool,
+        "print every rank's output lines on the console (default: rank 0's; every rank's lines are always "
+        "in the job directory's ranks/rank-N.log on the master)",
+        "1",
+        switch=True,
+    )
+    metrics_port: int | None = setting(
+        None,
+        port,
+        "serve the job's figures for Prometheus on this port of the master (/metrics; default off)",
+        "9400",
+    )
+    metrics_addr: str = setting(
+        "127.0.0.1",
+        text,
+        "address the metrics port listens on (0.0.0.0: every interface, for a scraper on another host)",
+        "0.0.0.0",
+    )
     min_free_disk: int = setting(
         64 << 20,  # the default job's checkpoint is 16 MB per node
         size,
@@ -148,6 +168,22 @@ class ClusterConfig:
     )
     skip_doctor: bool = setting(
         False, parse_bool, "skip the preflight checks before launch", "1", switch=True
+    )
+    fabric_check: bool = setting(
+        False,
+        parse_bool,
+        "before launch, all-reduce between the nodes with the job's backend; a slow or silent node stops it",
+        "1",
+        switch=True,
+    )
+    fabric_timeout: float = setting(
+        30.0, seconds, "seconds each fabric test may take before its node counts as silent", "60"
+    )
+    exclude: str = setting(
+        "",
+        text,
+        "nodes to leave out of the launch, DeepSpeed's NODE[@NODE...] (the fabric check names them)",
+        "worker-3",
     )
     dry_run: bool = setting(
         False, parse_bool, "print hostfile, env file and command; launch nothing", "1", switch=True
@@ -271,6 +307,13 @@ def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str]) -> Clus
         raise ConfigError(
             f"the rendezvous port (--master-port) and the control port (--control-port) are both "
             f"{config.master_port}; fix: give them different ports (defaults 29500 and 29400)"
+        )
+    taken = (config.master_port, config.control_port)
+    if config.metrics_port in taken:
+        other = next(p for p in (9400, 9401, 9402) if p not in taken)
+        raise ConfigError(
+            f"--metrics-port {config.metrics_port} is also the rendezvous or the control port; "
+            f"fix: --metrics-port {other} (any port other than {taken[0]} and {taken[1]})"
         )
     return config
 

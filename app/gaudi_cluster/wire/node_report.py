@@ -52,6 +52,10 @@ class NodeReport:
     boot_id: str | None = None  # nodes with one boot id are containers of one server
     driver_version: str | None = None  # the habanalabs driver, HPU nodes only
     fi_providers: Mapping[str, bool | None] = field(default_factory=dict)  # libfabric providers looked for
+    device_name: str | None = None  # hl-smi's name of the cards (HL-205, HL-225, HL-325L), HPU nodes only
+    # The image profile's paths (Open MPI, libfabric, EFA): does each exist on this node.
+    profile_paths: Mapping[str, bool] = field(default_factory=dict)
+    openmpi_version: str | None = None  # what the profile's mpirun (else the one on PATH) reports
 
     @property
     def efa_provider(self) -> bool | None:
@@ -110,6 +114,9 @@ class NodeReport:
             "boot_id": _opt_str(data, "boot_id"),
             "driver_version": _opt_str(data, "driver_version"),
             "fi_providers": _mapping(data, "fi_providers", (bool, type(None))),
+            "device_name": _opt_str(data, "device_name"),
+            "profile_paths": _mapping(data, "profile_paths", (bool,)),
+            "openmpi_version": _opt_str(data, "openmpi_version"),
         }
 
 
