@@ -9,15 +9,18 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 GIT_REV := $(shell git rev-parse --short HEAD 2>/dev/null || echo nogit)
 IMAGE_NAME ?= gaudi-cluster
 IMAGE_CPU ?= $(IMAGE_NAME):cpu
-# The gaudi flavor's pin set (app/gaudi_cluster/settings/profiles.json): gaudi = Gaudi 2/3, dl1 = first-gen Gaudi (AWS DL1).
+# The gaudi flavor's pin set (app/gaudi_cluster/settings/profiles.json): gaudi = Gaudi 2/3 on Synapse 1.24,
+# gaudi-1.23 = Gaudi 2/3 one release behind, dl1 = first-gen Gaudi (AWS DL1, 1.21).
 PROFILE ?= gaudi
+# The full SHA of Habana's DeepSpeed branch where the profile records none (see its commit_note).
+HABANA_DEEPSPEED_COMMIT ?=
 # Stdlib only, so `make image` needs no venv on the build machine.
 PROFILES := PYTHONPATH=app python3 -m gaudi_cluster.settings.profiles_cli
 BASE_IMAGE_CPU ?= gaudi-cluster/debian:bookworm
 NODES ?= 3
 export GAUDI_CLUSTER_IMAGE ?= $(IMAGE_CPU)
 
-.PHONY: help venv lint test test-unit test-train test-image test-cluster test-aws test-slurm test-k8s image \
+.PHONY: help venv host-tools lint test test-unit test-train test-image test-cluster test-aws test-slurm test-k8s image \
         image-cpu image-gaudi image-dl1 base-image wheelhouse keys demo up down logs bench clean ohabana-venv \
         test-ohabana
 
@@ -32,16 +35,19 @@ $(VENV)/.installed: requirements/dev.txt pyproject.toml dev/pyproject.toml
 
 venv: $(VENV)/.installed ## create .venv with the pinned tools and the package (editable)
 
+host-tools: ## the host tools the tests run (pdsh, OpenMPI, ssh, g++, debootstrap): installed as root, else the command
+	scripts/host-tools.sh
+
 lint: venv ## ruff, shellcheck, hadolint
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/shellcheck -x entrypoint/*.sh scripts/*.sh image/*.sh .ci/run bench/*.sh \
 	  slurm/gaudi-cluster.sbatch tests/slurm/start-slurm.sh \
-	  tests/cluster/hpu/hl-smi tests/cluster/hpu/fi_info tests/cluster/hpu/*.sh
+	  tests/cluster/hpu/hl-smi tests/cluster/hpu/fi_info tests/cluster/hpu/mpirun tests/cluster/hpu/*.sh
 	$(VENV)/bin/hadolint Dockerfile tests/slurm/Dockerfile tests/cluster/hpu/Dockerfile
 	$(PROFILES) check
 
-test-unit: venv ## pure unit tests (no Docker, no training)
+test-unit: venv host-tools ## pure unit tests (no Docker, no training)
 	$(PY) -m pytest -q tests/unit
 
 test-train: venv ## train the default model for real on 2 local CPU ranks
@@ -53,13 +59,13 @@ test-image: venv image-cpu ## testinfra checks of the cpu image
 test-cluster: venv image-cpu ## real multi-container clusters that train
 	$(PY) -m pytest -q tests/cluster
 
-test-aws: venv ## gaudi-cluster aws against moto (EC2/SSM emulator) and botocore's Stubber
+test-aws: venv host-tools ## gaudi-cluster aws against moto (EC2/SSM emulator) and botocore's Stubber
 	$(PY) -m pytest -q tests/aws
 
 test-slurm: venv image-cpu ## a real Slurm 22.05 cluster in containers runs slurm/gaudi-cluster.sbatch
 	$(PY) -m pytest -q -s --durations=0 tests/slurm
 
-test-k8s: venv image-cpu ## k8s/ rendered and schema-checked offline, and its runtime contract with Docker
+test-k8s: venv host-tools image-cpu ## k8s/ rendered and schema-checked offline, and its runtime contract with Docker
 	$(PY) -m pytest -q tests/k8s
 
 ohabana-venv: venv wheelhouse ## test-only venv with PROFILE's optimum-habana on CPU torch (build/ohabana-PROFILE)
@@ -68,7 +74,7 @@ ohabana-venv: venv wheelhouse ## test-only venv with PROFILE's optimum-habana on
 test-ohabana: venv wheelhouse ## the workload's GaudiTrainer branch on CPU through each profile's optimum-habana
 	$(PY) -m pytest -q tests/ohabana
 
-test: venv ## all tests (builds the cpu image; needs a Docker engine)
+test: venv host-tools ## all tests (builds the cpu image; needs a Docker engine)
 	$(MAKE) image-cpu
 	$(PY) -m pytest -q --durations=40 tests
 
@@ -83,10 +89,12 @@ image-cpu: base-image wheelhouse ## build the cpu flavor (offline)
 	  --build-arg FLAVOR=cpu --build-arg BASE_IMAGE=$(BASE_IMAGE_CPU) \
 	  --build-arg VERSION=$(VERSION) --build-arg GIT_REV=$(GIT_REV)
 
-image: ## build the gaudi flavor of PROFILE (gaudi: Gaudi 2/3; dl1: AWS DL1); needs vault.habana.ai; DRY_RUN=1 prints
+image: ## build the gaudi flavor of PROFILE (gaudi: Gaudi 2/3 on 1.24; gaudi-1.23; dl1: AWS DL1); needs vault.habana.ai; DRY_RUN=1 prints
 	$(PROFILES) check
-	cmd="$$($(PROFILES) docker-build $(PROFILE) --image-name $(IMAGE_NAME) --version $(VERSION) --git-rev $(GIT_REV))"; \
-	if [[ "$${DRY_RUN:-0}" == 1 ]]; then printf '%s\n' "$$cmd"; else eval "$$cmd"; fi
+	args=(docker-build $(PROFILE) --image-name $(IMAGE_NAME) --version $(VERSION) --git-rev $(GIT_REV) \
+	  --deepspeed-commit "$(HABANA_DEEPSPEED_COMMIT)"); \
+	if [[ "$${DRY_RUN:-0}" == 1 ]]; then $(PROFILES) "$${args[@]}" --dry-run; \
+	else cmd="$$($(PROFILES) "$${args[@]}")"; eval "$$cmd"; fi
 
 image-gaudi: ## make image PROFILE=gaudi (Gaudi 2 / Gaudi 3)
 	$(MAKE) image PROFILE=gaudi

@@ -4,7 +4,9 @@ the table.
   python -m bench                      everything (under 20 minutes on 2 cores)
   python -m bench --only launch,scale  some of them (merged into latest.json / latest.md)
   python -m bench --repeat 5           override every repetition count
-Names: render, control, floor, image, throughput, launch (time to first step + overhead), failure, scale.
+Names: render, control, floor, image, throughput, launch (time to first step + overhead), failure, scale,
+fabric (the fabric check's wall time and bandwidth beside a plain all-reduce loop), save (a checkpoint save
+with issue 24's steps beside the save before them).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import control, failure, floor, image, launch, report, scale, throughput
+from bench import control, fabric, failure, floor, image, launch, report, save, scale, throughput
 from bench.common import ROOT, WORK, Ctx, Row, cpu_count, failed_row, image_present, load_average, log
 from bench.nodes import sweep
 
@@ -36,9 +38,11 @@ SUITE: dict[str, tuple[Callable[[Ctx], list[Row]], float, float, bool]] = {
     "floor": (floor.run, 180, 60, False),
     "image": (image.run, 50, 30, True),
     "throughput": (throughput.run, 300, 60, False),  # 4 interleaved pairs: the ±3 % check needs them
+    "save": (save.run, 60, 40, False),  # checkpoint save, 2 CPU ranks: issue 24's steps vs before
     "launch": (launch.run, 360, 120, True),
     "failure": (failure.run, 430, 200, True),
     "scale": (lambda ctx: scale.run(ctx, RESULTS), 150, 60, True),
+    "fabric": (fabric.run, 240, 120, True),
 }
 
 

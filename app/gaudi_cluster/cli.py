@@ -39,6 +39,7 @@ DOCTOR_SETTINGS = (
     "socket_ifname",
     "min_free_disk",
     "job_root",
+    "fabric_timeout",
 )
 
 
@@ -126,6 +127,9 @@ def _parsers() -> tuple[Parser, dict[str, argparse.ArgumentParser]]:
     )
     add_config_flags(doctor, DOCTOR_SETTINGS)
     doctor.add_argument("--json", action="store_true", help="print the JSON only")
+    doctor.add_argument(
+        "--fabric", action="store_true", help="also all-reduce between the nodes; name a slow or silent one"
+    )
 
     status = sub.add_parser(
         "status",
@@ -321,7 +325,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "doctor":
         from gaudi_cluster.doctor import run_doctor
 
-        return run_doctor(config, os.environ, sys.stdout, json_only=args.json)
+        return run_doctor(config, os.environ, sys.stdout, json_only=args.json, with_fabric=args.fabric)
     from gaudi_cluster import master
 
     if config.hold:

@@ -7,12 +7,13 @@ launch (unless --skip-doctor), so what the doctor reports is what would block a 
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Mapping
 from typing import TextIO
 
-from gaudi_cluster import master
+from gaudi_cluster import fabric, master
 from gaudi_cluster.launch.prepare import PrepareSettings, job_env_for, staged_values
 from gaudi_cluster.launch.program import program_from_args
 from gaudi_cluster.nodes import checks
@@ -21,7 +22,11 @@ from gaudi_cluster.settings.config import ClusterConfig
 
 
 def run_doctor(
-    config: ClusterConfig, environ: Mapping[str, str], out: TextIO, json_only: bool = False
+    config: ClusterConfig,
+    environ: Mapping[str, str],
+    out: TextIO,
+    json_only: bool = False,
+    with_fabric: bool = False,
 ) -> int:
     program = program_from_args(
         [], sys.executable, resolve_accelerator(config.accelerator, environ), environ, os.getcwd()
@@ -39,9 +44,11 @@ def run_doctor(
     # Which scale-out path the ranks would take, and why (`auto` decides from the master's probe).
     preset = f"{env_file.preset} ({env_file.preset_reason})"
     findings.append(checks.Finding(survey.hosts[0], "env preset", True, preset))
+    problems = checks.blocking(findings)
+    if with_fabric and not problems:  # ranks can start only where the preflight passes
+        return run_fabric(config, environ, out, findings, json_only)
     # A person reads the table; a tool asks for --json and gets nothing else on stdout.
     out.write((checks.render_json(findings) if json_only else checks.render_table(findings)) + "\n")
-    problems = checks.blocking(findings)
     if problems:
         first = problems[0]
         print(
@@ -49,5 +56,33 @@ def run_doctor(
             f"{first.detail}; fix: {first.fix}",
             file=sys.stderr,
         )
+        return 3
+    return 0
+
+
+def run_fabric(
+    config: ClusterConfig,
+    environ: Mapping[str, str],
+    out: TextIO,
+    findings: list[checks.Finding],
+    json_only: bool,
+) -> int:
+    """`doctor --fabric`: the all-reduce check after the preflight; exit 3 names the node to drop.
+    With --json one document: {"findings": [...], "fabric": {...}}."""
+    if not json_only:
+        out.write(checks.render_table(findings) + "\n")
+        out.flush()
+    result, _ = fabric.run_check(config, environ, master.prepare_attempt, master.run_prepared)
+    if json_only:
+        document = {
+            "findings": json.loads(checks.render_json(findings)),
+            "fabric": json.loads(result.to_json()),
+        }
+        out.write(json.dumps(document, indent=2) + "\n")
+    else:
+        out.write(fabric.render_table(result) + "\n")
+    out.flush()
+    if not result.ok:
+        print(fabric.stop_line(result), file=sys.stderr)
         return 3
     return 0

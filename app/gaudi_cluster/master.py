@@ -7,16 +7,20 @@ the job's lifetime: the control server, the final line, the clean-up on every no
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
+import resource
 import shlex
 import signal
 import sys
 import time
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
+from gaudi_cluster import fabric
 from gaudi_cluster.engines import auto as engine
 from gaudi_cluster.engines import nodewatch
 from gaudi_cluster.launch import plan
@@ -30,17 +34,18 @@ from gaudi_cluster.launch.prepare import (
     staged_values,
 )
 from gaudi_cluster.launch.program import DEFAULT_OUTPUT, output_dir, program_from_args, required_paths
-from gaudi_cluster.nodes import ssh
+from gaudi_cluster.nodes import cleanup
 from gaudi_cluster.nodes.devices import resolve_accelerator
 from gaudi_cluster.nodes.hostfile import render_hostfile
 from gaudi_cluster.nodes.survey import NodeSurvey, SurveySettings, survey_nodes
-from gaudi_cluster.rank import jobdir
-from gaudi_cluster.rank.reap import reap_job
 from gaudi_cluster.settings.config import ClusterConfig
+from gaudi_cluster.supervise import lifetime
+from gaudi_cluster.supervise.console import RANKS_DIR, RankLogs
 from gaudi_cluster.supervise.control import ControlServer
 from gaudi_cluster.supervise.outcome import JobOutcome, should_restart
-from gaudi_cluster.supervise.supervisor import Supervisor, SupervisorSettings
+from gaudi_cluster.supervise.supervisor import Supervisor, SupervisorPhase, SupervisorSettings
 from gaudi_cluster.view import report
+from gaudi_cluster.view.metrics import MetricsServer
 from gaudi_cluster.view.status import StatusServer
 
 log = logging.getLogger("gaudi_cluster.master")
@@ -54,23 +59,44 @@ def run_master(
     options: plan.LaunchOptions | None = None,
 ) -> int:
     """Prepare and run the job, re-running it up to --max-restarts times after a failure."""
+    raise_open_file_limit()
     config = engine.engine_defaults(config, environ)
     log.info("%s", config.describe())
+    if config.exclude and options is None:  # gaudi_spawn.py brings its own --exclude in `options`
+        options = plan.LaunchOptions(exclude=config.exclude)
     program = program_from_args(
         job_argv, sys.executable, resolve_accelerator(config.accelerator, environ), environ, os.getcwd()
     )
     attempt = 1
+    history: list[report.AttemptRecord] = []  # every attempt so far, for the job report
     job: PreparedJob | None = None
     exit_code: int | None = None
     lost: set[str] = set()
+    metrics: MetricsServer | None = None
+    callers_threads = set(lifetime.others())  # an embedding program's own threads are not ours
     try:
+        if config.metrics_port is not None and not config.dry_run:
+            states = [phase.value for phase in SupervisorPhase]
+            metrics = MetricsServer(config.metrics_addr, config.metrics_port, states)
+            log.info("metrics for Prometheus on http://%s:%d/metrics", config.metrics_addr, metrics.port)
+        fabric_figures = None
+        if config.fabric_check and not config.dry_run:
+            checked, check_id = fabric.run_check(config, environ, prepare_attempt, run_prepared, options)
+            log.info("fabric check %s:\n%s", check_id, fabric.render_table(checked))
+            if not checked.ok:
+                out.write(fabric.stop_line(checked) + "\n")
+                out.flush()
+                exit_code = 3
+                return exit_code
+            fabric_figures = checked.to_json()
         while True:
-            job = prepare_attempt(config, program, environ, options)
+            job = prepare_attempt(config, program, environ, options, attempt)
             if config.dry_run:
                 print_dry_run(job, out)
                 exit_code = 0
                 return exit_code
-            outcome = run_prepared(job, config, out)
+            restarts = attempt - 1
+            outcome = run_prepared(job, config, out, metrics, restarts, history, fabric_figures)
             if outcome.lost_host is not None:
                 lost.add(outcome.lost_host)
             if not should_restart(outcome, attempt, config.max_restarts):
@@ -84,6 +110,19 @@ def run_master(
             attempt += 1
     finally:
         nodewatch.release_workers(config, environ, job.ssh_config if job else None, exit_code, skip=lost)
+        if metrics is not None:
+            metrics.close()
+        lifetime.join_all(existing=callers_threads)
+
+
+def raise_open_file_limit() -> None:
+    """The soft limit on open files up to the hard one: a master holds a socket per rank and ssh
+    processes per node, and 1024 (many Docker hosts' soft limit) is the wall at about 1,000 ranks."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            log.debug("open-file limit raised from %d to %d", soft, hard)
 
 
 def survey_for(
@@ -98,7 +137,7 @@ def survey_for(
         SurveySettings.from_config(config),
         required_paths(program, os.getcwd()),
         environ,
-        staged.payload() if staged else None,
+        staged.payload if staged else None,
         job_output_dir(program, environ),
     )
 
@@ -112,22 +151,40 @@ def prepare_attempt(
     program: Sequence[str],
     environ: Mapping[str, str],
     options: plan.LaunchOptions | None = None,
+    attempt: int = 1,
 ) -> PreparedJob:
     """Survey, then prepare: the attempt's values are staged by the survey, used by the preparation."""
     staged = staged_values(config.env_pass, environ)
     survey = survey_for(config, program, environ, staged)
     try:
-        return prepare(PrepareSettings.from_config(config), survey, staged, program, environ, options)
+        settings = PrepareSettings.from_config(config)
+        return prepare(settings, survey, staged, program, environ, options, attempt)
     except BaseException:
+        cleanup.remove_private_files(survey, config.job_root)  # staged by the probe, never to be read now
         survey.release()
         raise
 
 
-def run_prepared(job: PreparedJob, config: ClusterConfig, out: TextIO) -> JobOutcome:
+def run_prepared(
+    job: PreparedJob,
+    config: ClusterConfig,
+    out: TextIO,
+    metrics: MetricsServer | None = None,
+    restarts: int = 0,
+    history: list[report.AttemptRecord] | None = None,
+    fabric_figures: str | None = None,
+) -> JobOutcome:
     """Run one attempt under supervision; whatever it leaves behind is reaped on every node."""
     # Listen only where the ranks reach the master (loopback for a local job), not on every interface.
     server = ControlServer(
-        job.control_addr, config.control_port, job.job_id, config.heartbeat_timeout, job.token, job.rank_hosts
+        job.control_addr,
+        config.control_port,
+        job.job_id,
+        config.heartbeat_timeout,
+        job.token,
+        job.rank_hosts,
+        nodes=job.rank_nodes,
+        addresses=job.survey.addresses(),
     )
     server.start()
     settings = SupervisorSettings(
@@ -135,6 +192,7 @@ def run_prepared(job: PreparedJob, config: ClusterConfig, out: TextIO) -> JobOut
         stuck_timeout_s=config.stuck_timeout,
         stop_grace_s=config.stop_grace,
         status_interval_s=config.status_interval,
+        tee=config.tee,
     )
     supervisor = Supervisor(
         job.job_id,
@@ -143,9 +201,12 @@ def run_prepared(job: PreparedJob, config: ClusterConfig, out: TextIO) -> JobOut
         job.ranks_by_host,
         settings,
         out,
-        on_all_started=lambda: remove_private_files(job, config),
+        on_all_started=lambda: cleanup.remove_private_files(job.survey, config.job_root),
         on_first_step=report.warm_up_plotting,
+        rank_logs=RankLogs(job.job_dir / RANKS_DIR),
     )
+    if metrics is not None:
+        metrics.follow(lambda: supervisor.figures(restarts))
     supervisor.install_signal_handlers()
     status = StatusServer(job.job_dir, supervisor.snapshot)
     status.start()
@@ -164,22 +225,29 @@ def run_prepared(job: PreparedJob, config: ClusterConfig, out: TextIO) -> JobOut
         status.close()
     try:
         if outcome.leaves_processes:
-            reap_everywhere(job, config, supervisor.lost_hosts)
+            cleanup.reap_everywhere(job.survey, config.job_root, config.ssh_port, supervisor.lost_hosts)
         else:
             out.write(
                 f"gaudi-cluster: job {job.job_id} succeeded: {job.world_size} ranks on "
                 f"{len(job.ranks_by_host)} nodes in {time.monotonic() - started:.1f}s\n"
             )
             out.flush()
-        supervisor.finish_first_step_work()
-        write_report(job, outcome, supervisor, launched_at)
+        write_report(job, outcome, supervisor, launched_at, history, fabric_figures)
     finally:
         job.survey.release()
     return outcome
 
 
-def write_report(job: PreparedJob, outcome: JobOutcome, supervisor: Supervisor, launched_at: float) -> None:
-    """job_report.json and job_report.png next to the job's results (on this node)."""
+def write_report(
+    job: PreparedJob,
+    outcome: JobOutcome,
+    supervisor: Supervisor,
+    launched_at: float,
+    history: list[report.AttemptRecord] | None = None,
+    fabric_figures: str | None = None,
+) -> None:
+    """job_report.json and job_report.png next to the job's results (on this node); `history` (the
+    attempts before this one) gets this attempt added, with the step rank 0 resumed from."""
     directory = Path(job.output_dir)
     events = report.read_events(job.job_dir / "events.jsonl", directory / "events.jsonl")
     first_events = {e["event"]: e.get("t") for e in reversed(events) if "event" in e}
@@ -190,6 +258,10 @@ def write_report(job: PreparedJob, outcome: JobOutcome, supervisor: Supervisor, 
         **{name: first_events.get(name) for name in ("start", "imports_done", "model_ready", "first_step")},
     }
     flagged = supervisor.view.watch.flagged
+    if history is not None:
+        resumed = report.resumed_from_step(events)
+        state = outcome.state.value
+        history.append(report.AttemptRecord(job.attempt, job.job_id, state, outcome.exit_code, resumed))
     built = report.build(
         job_id=job.job_id,
         state=outcome.state.value,
@@ -203,58 +275,16 @@ def write_report(job: PreparedJob, outcome: JobOutcome, supervisor: Supervisor, 
         events=events,
         stragglers=[s.line() for s in flagged.values()],
         failure=outcome.failure.summary(job.job_id) if outcome.failure else None,
+        attempts=history or (),
     )
+    # Every rank's lines, whatever the console showed of them (rank 0's only, without --tee).
+    rank_logs = str(job.job_dir / RANKS_DIR / "rank-<N>.log")
+    built["rank_logs"] = rank_logs
+    if fabric_figures is not None:  # the --fabric-check run before this job (view/fabric FabricResult)
+        built["fabric"] = json.loads(fabric_figures)
     written = report.write(built, supervisor.server.work_histories(), set(flagged), directory)
-    if written:
-        log.info("job report: %s", ", ".join(str(path) for path in written))
-
-
-def remove_private_files(job: PreparedJob, config: ClusterConfig) -> None:
-    """Every agent has read its node's private file once all ranks checked in: delete them all."""
-    if job.local:
-        (job.job_dir / jobdir.PRIVATE_FILE).unlink(missing_ok=True)
-        return
-    if job.ssh_config is None:
-        return
-    path = str(jobdir.job_dir(config.job_root, job.job_id) / jobdir.PRIVATE_FILE)
-    results = ssh.run_on_hosts(job.hostfile.hosts, ["rm", "-f", path], job.ssh_config, timeout_s=10)
-    for host, result in results.items():
-        if not result.ok:
-            log.warning(
-                "could not remove the private file of job %s on %s (reap removes it)", job.job_id, host
-            )
-
-
-def reap_everywhere(job: PreparedJob, config: ClusterConfig, lost_hosts: Set[str] = frozenset()) -> None:
-    """Kill whatever is left of this job (by its pid files) on every node still reachable.
-
-    Nodes whose agents were lost are skipped: dead, or cut off, where those agents end their ranks
-    themselves once the master's heartbeats stop; waiting on them would only delay the exit."""
-    if job.local:
-        reap_job(Path(config.job_root), job.job_id)
-        return
-    if job.ssh_config is None:
-        return
-    cmd = [
-        job.node_python,
-        "-m",
-        "gaudi_cluster",
-        "reap",
-        "--job-id",
-        job.job_id,
-        "--job-root",
-        config.job_root,
-    ]
-    # A dead or cut-off node must not hold the master's exit: its own agents end its ranks anyway.
-    names = {host: job.survey.node_name(host) for host in job.hostfile.hosts}
-    reachable = [host for host, name in names.items() if name not in lost_hosts]
-    began = time.monotonic()
-    results = ssh.run_on_hosts(reachable, cmd, job.ssh_config, timeout_s=3, connect_timeout_s=1)
-    log.debug("reaped job %s on %s in %.2fs", job.job_id, ", ".join(reachable), time.monotonic() - began)
-    for host, result in results.items():
-        if not result.ok:
-            why = ssh.explain_ssh_failure(result, config.ssh_port)
-            log.warning("could not clean up job %s on %s: %s", job.job_id, host, why)
+    shown = ", ".join(str(path) for path in written)
+    log.info("job report: %s; every rank's output: %s on this node", shown or "not written", rank_logs)
 
 
 def hold(config: ClusterConfig, environ: Mapping[str, str], out: TextIO) -> int:

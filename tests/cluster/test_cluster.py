@@ -6,6 +6,7 @@ import json
 import os
 import re
 import subprocess
+import threading
 
 import pytest
 
@@ -26,22 +27,88 @@ def copy_from(container: str, path: str, dest) -> str:
     return dest.read_text()
 
 
+METRICS_PORT = 9400
+SCRAPE = (
+    "import urllib.request, sys; "
+    f"url = 'http://127.0.0.1:{METRICS_PORT}/metrics'; "
+    "sys.stdout.write(urllib.request.urlopen(url, timeout=3).read().decode())"
+)
+
+
+def scrape_while_running(cluster, until: threading.Event) -> list[str]:
+    """The master's /metrics, read from inside its container (the port is bound to its localhost)."""
+    seen: list[str] = []
+    while not until.is_set():
+        done = cluster.exec(cluster.master, "python", "-c", SCRAPE, timeout=20)
+        if done.returncode == 0:
+            seen.append(done.stdout)
+        until.wait(1.0)
+    return seen
+
+
+def sample(text: str, name: str, **labels: str) -> float | None:
+    wanted = "".join(f'{key}="{value}"' for key, value in labels.items())
+    for line in text.splitlines():
+        head, _, value = line.rpartition(" ")
+        if (
+            head.split("{")[0] == name
+            and all(f'{k}="{v}"' in head for k, v in labels.items())
+            and (wanted or "{" not in head)
+        ):
+            return float(value)
+    return None
+
+
 def test_default_job_trains_across_three_containers(make_cluster, tmp_path):
     cluster = make_cluster(workers=2)
     cluster.start_workers()
     cluster.wait_healthy(cluster.worker_names)
-    cluster.start_master()
+    cluster.start_master(extra_env={"GAUDI_CLUSTER_METRICS_PORT": str(METRICS_PORT)})
     master_ip = cluster.ip_of(cluster.master)  # read while it runs: a stopped container has none
-    code = cluster.wait_master(timeout_s=900)
+    stop, scrapes = threading.Event(), []
+    scraper = threading.Thread(target=lambda: scrapes.extend(scrape_while_running(cluster, stop)))
+    scraper.start()
+    try:
+        code = cluster.wait_master(timeout_s=900)
+    finally:
+        stop.set()
+        scraper.join()
     log = cluster.logs(cluster.master)
     assert code == 0, log[-4000:]
 
-    # World size is the sum of slots, and each rank speaks from its own container.
-    hosts = rank_hosts(log)
-    assert sorted(hosts) == [0, 1, 2]
-    assert all(len(names) == 1 for names in hosts.values()), hosts
-    assert {next(iter(names)) for names in hosts.values()} == {"master", "worker-1", "worker-2"}
-    assert hosts[0] == {"master"}
+    # World size is the sum of slots, and each rank ran in its own container (the report names them).
+    report = json.loads((cluster.output_dir / "job_report.json").read_text())
+    assert {r["rank"]: r["hostname"] for r in report["ranks"]} == {0: "master", 1: "worker-1", 2: "worker-2"}
+    assert rank_hosts(log) == {0: {"master"}}  # the console shows rank 0's lines only
+
+    # Every rank's lines are in its file in the master's job directory, named at the end.
+    job = re.search(r"job (\S+): 3 ranks on 3 nodes", log)[1]
+    named = f"every rank's output: /run/gaudi-cluster/jobs/{job}/ranks/rank-<N>.log"
+    assert named in log and report["rank_logs"] == named.split(": ", 1)[1]
+    subprocess.run(["docker", "cp", f"{cluster.master}:/run/gaudi-cluster/jobs/{job}/ranks", str(tmp_path)],
+                   check=True, capture_output=True)  # fmt: skip
+    ranks = {r: (tmp_path / "ranks" / f"rank-{r}.log").read_text().splitlines() for r in range(3)}
+    losses = {r: [line for line in lines if line.startswith("{'loss'")] for r, lines in ranks.items()}
+    assert all(len(found) >= 2 for found in losses.values()), losses
+    assert any("Writing model shards" in line for line in ranks[0])
+
+    # The console: one line per event, the same information (rank 0's log lines), none of the noise.
+    console = log.splitlines()
+    assert sum(line.startswith("[master rank 0] {'loss'") for line in console) == len(losses[0])
+    assert "[master rank 0]   train_loss" in log and "fontManager" not in log
+    assert not any("%|" in line or line.rstrip() == "[master rank 0]" for line in console), log
+    assert len(console) <= 45, f"{len(console)} console lines (66 before one line per event):\n{log}"
+
+    # Prometheus metrics, scraped during the job: the step moved, every rank has its figures.
+    steps = [s for text in scrapes if (s := sample(text, "gaudi_cluster_step")) is not None]
+    assert len(set(steps)) >= 2 and steps == sorted(steps), (steps, scrapes[-1:])
+    # A scrape while every rank was connected (a rank that has exited leaves the per-rank series).
+    last = max(scrapes, key=lambda text: text.count("gaudi_cluster_rank_work_seconds{"))
+    for rank, host in ((0, "master"), (1, "worker-1"), (2, "worker-2")):
+        assert sample(last, "gaudi_cluster_rank_work_seconds", host=host, rank=str(rank)) is not None, last
+        assert sample(last, "gaudi_cluster_rank_heartbeat_age_seconds", host=host, rank=str(rank)) < 10
+    assert sample(last, "gaudi_cluster_restarts_total") == 0
+    assert sample(last, "gaudi_cluster_samples_per_second") > 0
 
     # The generated hostfile lists the three containers' addresses with their slots, master first.
     hostfile = copy_from(cluster.master, "/run/gaudi-cluster/hostfile", tmp_path / "hostfile")
@@ -74,7 +141,6 @@ def test_default_job_trains_across_three_containers(make_cluster, tmp_path):
     assert "straggler" not in log
     events = [json.loads(line)["event"] for line in (output / "events.jsonl").read_text().splitlines()]
     assert events[:2] == ["start", "imports_done"] and "first_step" in events and "train_done" in events
-    report = json.loads((output / "job_report.json").read_text())
     assert report["state"] == "succeeded" and len(report["nodes"]) == 3 and report["stragglers"] == []
     assert report["phases_s"]["container_start_to_first_step"] > 0
     assert (output / "job_report.png").read_bytes()[:4] == b"\x89PNG"

@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from tests.support import attacks
+from tests.support.host_tools import require
 from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_the_job_survives_the_attacks_and_memory_stays_bounded(tmp_path):
+    require("mpirun")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("GAUDI_CLUSTER_")}
     env.update(

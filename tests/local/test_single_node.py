@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.host_tools import require
 from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,6 +27,8 @@ pytestmark = pytest.mark.slow
 
 
 def spawn(tmp_path: Path, *argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    if "--use_mpi" in argv:
+        require("mpirun")
     results = tmp_path / "results"
     results.mkdir(exist_ok=True)
     base = {k: v for k, v in os.environ.items() if not k.startswith("GAUDI_CLUSTER_")}

@@ -13,7 +13,6 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import types
@@ -142,7 +141,3 @@ def make_fake_ssh(tmp: Path) -> Path:
     )
     ssh.chmod(0o755)
     return bindir
-
-
-def pdsh_available() -> bool:
-    return shutil.which("pdsh") is not None

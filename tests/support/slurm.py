@@ -103,7 +103,8 @@ class SlurmCluster:
 
     def submit(self, *job: str, env: dict[str, str] | None = None) -> int:
         """sbatch -N3 the shipped script in direct mode; the job id."""
-        settings = {"GAUDI_CLUSTER_SLURM_MODE": "direct", **(env or {})}
+        # --tee: the tests read which node each rank ran on from the console (rank 0's lines only by default).
+        settings = {"GAUDI_CLUSTER_SLURM_MODE": "direct", "GAUDI_CLUSTER_TEE": "1", **(env or {})}
         exports = ",".join(["ALL", *(f"{key}={value}" for key, value in settings.items())])
         done = self.exec(
             CONTROLLER,

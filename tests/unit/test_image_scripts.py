@@ -104,3 +104,60 @@ def test_a_bashrc_that_still_starts_sshd_fails_the_build(tmp_path):
         check=False,
     )
     assert done.returncode == 1 and "still starts sshd" in done.stderr
+
+
+def fake_openmpi(tmp_path: Path, version: str) -> Path:
+    root = tmp_path / f"openmpi-{version}"
+    (root / "bin").mkdir(parents=True)
+    (root / "bin" / "mpirun").write_text(f"#!/bin/sh\necho 'mpirun (Open MPI) {version}'\n")
+    (root / "bin" / "mpirun").chmod(0o755)
+    return root
+
+
+def system_step(function: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", "-c", f'source "{ROOT / "image" / "install-system.sh"}" && {function}'],
+        env={"PATH": "/usr/bin:/bin", **env},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_the_bases_open_mpi_must_be_where_and_what_the_profile_says(tmp_path):
+    five = fake_openmpi(tmp_path, "5.0.8")
+    ok = system_step(
+        "check_openmpi", {"MPI_ROOT": str(five), "OPENMPI_ROOT": str(five), "OPENMPI_MAJOR": "5"}
+    )
+    assert ok.returncode == 0 and "Open MPI 5.0.8" in ok.stderr
+    moved = system_step(
+        "check_openmpi", {"MPI_ROOT": "/opt/elsewhere", "OPENMPI_ROOT": str(five), "OPENMPI_MAJOR": "5"}
+    )
+    assert moved.returncode == 1 and f"the profile says Open MPI is in {five}" in moved.stderr
+    four = fake_openmpi(tmp_path, "4.1.6")
+    old = system_step(
+        "check_openmpi", {"MPI_ROOT": str(four), "OPENMPI_ROOT": str(four), "OPENMPI_MAJOR": "5"}
+    )
+    assert old.returncode == 1 and "is Open MPI '4.1.6', the profile says major 5" in old.stderr
+
+
+def test_a_libfabric_tarball_with_another_checksum_is_refused(tmp_path):
+    tarball = tmp_path / "libfabric-1.22.0.tar.bz2"
+    tarball.write_bytes(b"not the release")
+    done = subprocess.run(
+        ["bash", str(ROOT / "image" / "build-libfabric.sh")],
+        env={
+            "PATH": "/usr/bin:/bin",
+            "LIBFABRIC_ROOT": str(tmp_path / "libfabric-1.22.0"),
+            "LIBFABRIC_VERSION": "1.22.0",
+            "LIBFABRIC_URL": tarball.as_uri(),
+            "LIBFABRIC_SHA256": "0" * 64,
+        },
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    # Refused before anything is installed or built (the verbs headers come after the checksum).
+    assert done.returncode == 1, done.stderr
+    assert "the profile records " + "0" * 64 in done.stderr
+    assert not (tmp_path / "libfabric-1.22.0").exists()

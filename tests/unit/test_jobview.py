@@ -185,7 +185,7 @@ def test_a_beat_carries_each_step_once_and_stays_under_1_kb():
     assert len(json.dumps(worst)) < 1024
 
 
-def test_verbose_logging_adds_our_debug_lines_only(monkeypatch):
+def test_verbose_logging_adds_our_debug_lines_only_and_libraries_say_only_warnings(monkeypatch):
     import logging
 
     from gaudi_cluster.view.liveview import configure_logging
@@ -197,5 +197,9 @@ def test_verbose_logging_adds_our_debug_lines_only(monkeypatch):
     monkeypatch.setattr(ours, "level", logging.NOTSET)
     configure_logging(verbose=True)
     assert logging.getLogger("gaudi_cluster.supervise.supervisor").isEnabledFor(logging.DEBUG)
-    assert not logging.getLogger("matplotlib.font_manager").isEnabledFor(logging.DEBUG)
-    assert logging.getLogger("matplotlib.font_manager").isEnabledFor(logging.INFO)
+    # "generated new fontManager" (INFO) is noise on a job's console; a library's warning is not.
+    assert not logging.getLogger("matplotlib.font_manager").isEnabledFor(logging.INFO)
+    assert logging.getLogger("matplotlib.font_manager").isEnabledFor(logging.WARNING)
+    configure_logging(verbose=False)
+    assert logging.getLogger("gaudi_cluster.master").isEnabledFor(logging.INFO)
+    assert not logging.getLogger("gaudi_cluster.master").isEnabledFor(logging.DEBUG)

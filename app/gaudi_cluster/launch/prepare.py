@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -29,6 +29,8 @@ log = logging.getLogger("gaudi_cluster.launch.prepare")
 
 # Next to the job directories: the hostfile `gaudi_spawn.py --hostfile` is given on a held cluster.
 STABLE_HOSTFILE = "hostfile"
+# Which attempt of the job the ranks run (read by app/train/timeline.py): set from the second one on.
+ATTEMPT_VARIABLE = "GAUDI_CLUSTER_ATTEMPT"
 
 
 @dataclass(frozen=True)
@@ -41,13 +43,14 @@ class PreparedJob:
     plan: plan.LaunchPlan
     accelerator: str
     ssh_config: Path | None
-    node_python: str
     local: bool
     control_addr: str  # where the control channel listens: the address the ranks reach it on
     rank_hosts: Mapping[int, str]  # each rank and the host name of the node it runs on
+    rank_nodes: Mapping[int, str]  # each rank and its node's name in the plan (whose key it holds)
     output_dir: str  # where the job writes (its --output_dir, else the cluster's): the report goes there
     survey: NodeSurvey = field(repr=False)  # its shared ssh connections end with the attempt
     token: str = field(repr=False, default="")  # this attempt's secret for the control channel
+    attempt: int = 1  # which attempt of the job this is (1: the first; the ranks get it on a restart)
 
     @property
     def world_size(self) -> int:
@@ -87,8 +90,9 @@ class StagedValues:
     private_env: Mapping[str, str] = field(repr=False)
     token: str = field(repr=False)
 
-    def payload(self) -> dict[str, Any]:
-        return {"env": dict(self.private_env), "token": self.token}
+    def payload(self, node: str) -> dict[str, Any]:
+        """What node `node` gets: its own key (never the attempt's secret) and its name in the plan."""
+        return {"env": dict(self.private_env), "token": protocol.node_key(self.token, node), "node": node}
 
 
 def staged_values(env_pass: Sequence[str], environ: Mapping[str, str]) -> StagedValues:
@@ -173,6 +177,7 @@ def prepare(
     program: Sequence[str],
     environ: Mapping[str, str],
     options: plan.LaunchOptions | None = None,
+    attempt: int = 1,
 ) -> PreparedJob:
     """Everything the launch needs, from what the survey found; files are written unless a dry run."""
     options = options or plan.LaunchOptions()
@@ -194,6 +199,9 @@ def prepare(
         if threads is not None and threaded is not env_file:
             log.info("%s", threads.line())
         env_file = threaded
+    if attempt > 1:  # a restart: the workload resumes instead of starting afresh (absent: attempt 1)
+        values = {**env_file.as_dict(), ATTEMPT_VARIABLE: str(attempt)}
+        env_file = replace(env_file, items=tuple(sorted(values.items())))
     hostfile_path = survey.job_dir / "hostfile"
     env_path = survey.job_dir / "deepspeed_env"
     if not settings.dry_run:
@@ -233,6 +241,7 @@ def prepare(
         cwd=os.getcwd(),
         runner_args=options.runner_args(),
         launcher_args=options.launcher_args,
+        mpi_binding=options.mpi_binding,
     )
     # What the launcher needs on this machine is checked before it plans (DeepSpeed's backend_exists).
     tools.check_requirements(settings.launcher, launcher.requires(inputs), mpirun_major=lambda: mpirun_major)
@@ -246,13 +255,14 @@ def prepare(
         plan=launch,
         accelerator=accelerator,
         ssh_config=survey.ssh_config,
-        node_python=sys.executable,
         local=survey.local,
         control_addr=survey.local_addr,
         rank_hosts=rank_hosts(active, survey),
+        rank_nodes={rank: host for rank, host in enumerate(h for h, slots in active.items() for _ in slots)},
         output_dir=survey.output_dir or os.getcwd(),
         survey=survey,
         token=staged.token,
+        attempt=attempt,
     )
 
 

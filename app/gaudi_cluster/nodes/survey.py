@@ -18,7 +18,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,6 +83,21 @@ class NodeSurvey:
     def master_report(self) -> NodeReport | None:
         return self.reports.get(self.master_addr) or self.reports.get(self.hosts[0])
 
+    def addresses(self) -> dict[str, frozenset[str]]:
+        """Where each node's connections may come from: what its name resolves to and every IPv4
+        address its probe reported (loopback for a local job)."""
+        found = {}
+        for host in self.hosts:
+            report = self.reports.get(host)
+            own = (
+                {address for interface in report.interfaces for address in interface.addresses}
+                if report
+                else set()
+            )
+            local = {LOOPBACK, "::1"} if self.local else set()
+            found[host] = frozenset(own | local | set(world.addresses_of(host)))
+        return found
+
     def node_name(self, host: str) -> str:
         """The host name a node's ranks report (its probe's), else the name the master reached it by."""
         report = self.reports.get(host)
@@ -115,11 +130,11 @@ def survey_nodes(
     config: SurveySettings,
     paths: Sequence[str],
     environ: Mapping[str, str],
-    private: Mapping[str, Any] | None = None,
+    private: Callable[[str], Mapping[str, Any]] | None = None,
     output_dir: str | None = None,
 ) -> NodeSurvey:
-    """Discover, wait for and probe every node under the one --wait-timeout deadline; `private` (the
-    job's secret, variables forwarded privately) is staged into the private file on every node."""
+    """Discover, wait for and probe every node under the one --wait-timeout deadline; `private` (for
+    each node: its key, the variables forwarded privately) is staged into that node's private file."""
     started = time.monotonic()
     deadline = started + config.wait_timeout
     local_interfaces = probe.interfaces()
@@ -168,7 +183,7 @@ def survey_nodes(
     if local:
         job_dir = jobdir.create(config.job_root, job_id)
         if private is not None:
-            jobdir.write_private(job_dir, private)
+            jobdir.write_private(job_dir, private(nodes.hosts[0]))
         report = probe.probe(
             paths,
             config.accelerator,
@@ -198,7 +213,17 @@ def survey_nodes(
     if identity is not None:
         ssh.check_private_key(identity)
     control_dir = Path(tempfile.mkdtemp(prefix="gc-ssh-"))  # short: socket paths are capped at ~100
-    ssh_config = ssh.write_ssh_config(job_dir, config.ssh_port, identity, control_dir=control_dir)
+    host_key = ssh.cluster_host_key(Path(config.ssh_dir))
+    if host_key is None:
+        log.warning(
+            "host keys are not pinned: no %s in %s, so each node's key is trusted at first contact; "
+            "fix: make keys (it adds the cluster's host key) and mount it on every node",
+            ssh.HOST_KEY_NAME,
+            config.ssh_dir,
+        )
+    ssh_config = ssh.write_ssh_config(
+        job_dir, config.ssh_port, identity, control_dir=control_dir, host_key=host_key
+    )
     ssh.open_connections(nodes.hosts, ssh_config, max(5.0, deadline - time.monotonic()))
     reports, unreachable = probe_nodes(
         config, nodes.hosts, paths, ssh_config, environ, deadline, job_id, private, output_dir
@@ -242,7 +267,7 @@ def probe_nodes(
     environ: Mapping[str, str],
     deadline: float,
     job_id: str,
-    payload: Mapping[str, Any] | None,
+    payload: Callable[[str], Mapping[str, Any]] | None,
     output_dir: str | None = None,
 ) -> tuple[dict[str, NodeReport], dict[str, str]]:
     """Run `gaudi-cluster probe` on every node at once: (reports by host, why-unreachable by host).
@@ -262,7 +287,7 @@ def probe_nodes(
     if _check_fabric(config):
         command.append("--check-fabric")
     timeout = max(10.0, deadline - time.monotonic())
-    stdin = json.dumps(dict(payload)) if payload is not None else None
+    stdin = (lambda host: json.dumps(dict(payload(host)))) if payload is not None else None
     results = ssh.run_on_hosts(hosts, command, ssh_config, timeout, stdin=stdin)
     reports: dict[str, NodeReport] = {}
     unreachable: dict[str, str] = {}

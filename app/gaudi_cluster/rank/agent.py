@@ -28,7 +28,7 @@ from pathlib import Path
 from gaudi_cluster.rank import jobdir, procgroup
 from gaudi_cluster.rank.conventions import output_dir_in, rank_identity, with_local_rank
 from gaudi_cluster.wire import protocol
-from gaudi_cluster.wire.channel import Channel, authenticate, connect
+from gaudi_cluster.wire.channel import Channel, Identity, connect_and_authenticate
 from gaudi_cluster.wire.protocol import BEAT_INTERVAL_S
 
 TAIL_LINES = 30
@@ -76,7 +76,8 @@ class RankAgent:
         # The job's secret and the variables forwarded on purpose: staged by the master over ssh
         # stdin, read before anything else (the master deletes the file once every rank has started).
         private = jobdir.read_private(self.job_dir)
-        self.token = str(private.get("token") or "")
+        self.token = str(private.get("token") or "")  # this node's key (protocol.node_key)
+        self.node = str(private.get("node") or self.host)  # the node's name in the master's plan
         self.env.update(jobdir.private_env(private))
         self.progress_file = self.job_dir / f"rank{self.rank}.progress"
         self.env["GAUDI_CLUSTER_PROGRESS_FILE"] = str(self.progress_file)
@@ -91,6 +92,7 @@ class RankAgent:
         self.stop_reason: str | None = None
         self.child: subprocess.Popen[bytes] | None = None
         self.channel: Channel | None = None
+        self.ignored = 0  # control messages dropped for want of the session's MAC
         self._stop_lock = threading.Lock()
         self._stdout_ok = True
 
@@ -180,8 +182,15 @@ class RankAgent:
                         "the master closed the control channel (master stopped or lost)", ORPHAN_GRACE_S
                     )
                 return
+            if not isinstance(message, dict) or message.get("type") == "unauthenticated":
+                # Only the master's sealed messages count: an injected stop (or beat) changes nothing.
+                self.ignored += 1
+                if self.ignored <= 3:  # a stream of forgeries must not become a stream of lines
+                    why = message.get("reason") if isinstance(message, dict) else "not JSON"
+                    self.say(f"ignored a control message without the session's MAC ({why})")
+                continue
             self.last_beat = time.monotonic()
-            if isinstance(message, dict) and message.get("type") == "stop":
+            if message.get("type") == "stop":
                 grace = message.get("grace")
                 grace_s = float(grace) if isinstance(grace, int | float) and 0 <= grace < 3600 else 10.0
                 self.stop_child(str(message.get("reason") or "the master stopped the job")[:200], grace_s)
@@ -207,10 +216,12 @@ class RankAgent:
                         f"no secret for job {self.job_id} in {self.job_dir} (the master stages it before "
                         "launching); fix: start ranks through gaudi-cluster"
                     )
-                self.channel = connect(self.control_address, self.connect_timeout_s)
-                authenticate(
-                    self.channel, self.token, self.job_id, self.host, self.rank, os.getpid(), self.local_rank
+                me = Identity(
+                    self.token, self.node, self.job_id, self.host, self.rank, os.getpid(), self.local_rank
                 )
+                self.channel = connect_and_authenticate(self.control_address, me, self.connect_timeout_s)
+                if self.channel.attempts > 1:
+                    self.say(f"admitted by the master after {self.channel.attempts} handshakes")
             except ConnectionError as error:
                 self.say(f"error: {error}; the rank is not started without supervision")
                 return 1

@@ -13,7 +13,7 @@ import enum
 import logging
 import os
 import queue
-import re
+import selectors
 import signal
 import subprocess
 import sys
@@ -23,18 +23,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TextIO
 
+from gaudi_cluster.env.envfile import launcher_environment
 from gaudi_cluster.errors import ClusterNotReady
 from gaudi_cluster.launch.plan import LaunchPlan
 from gaudi_cluster.rank import procgroup
+from gaudi_cluster.supervise.console import RankLogs, RankOutput
 from gaudi_cluster.supervise.control import ControlEvent, ControlServer, EventKind
 from gaudi_cluster.supervise.outcome import JobOutcome, JobState, RankFailure, signal_name
+from gaudi_cluster.view.figures import JobFigures
 from gaudi_cluster.view.liveview import LiveView
 
 log = logging.getLogger("gaudi_cluster.supervise.supervisor")
-
-# pdsh prefixes remote lines with "host: "; rank agents' lines already name host and rank.
-_PDSH_LINE = re.compile(r"^(?P<host>[^\s:]+): (?P<rest>.*)$")
-_RANK_PREFIX = re.compile(r"^\[[\w.-]+ rank \d+\] ")
 
 
 class SupervisorPhase(enum.Enum):
@@ -58,6 +57,7 @@ class SupervisorSettings:
     stuck_timeout_s: float = 600.0
     stop_grace_s: float = 8.0
     status_interval_s: float = 30.0  # how often the status line is printed when not on a terminal
+    tee: bool = False  # every rank's lines on the console, not only rank 0's
     # An abort (a rank failed, a node was lost) cannot checkpoint: every other rank waits in a
     # collective on the dead one. Ranks are killed at once; this is how long the supervisor waits
     # for the reachable agents to confirm before it kills the launcher too.
@@ -76,6 +76,7 @@ class Supervisor:
         clock: Callable[[], float] = time.monotonic,
         on_all_started: Callable[[], None] | None = None,
         on_first_step: Callable[[], None] | None = None,
+        rank_logs: RankLogs | None = None,
     ) -> None:
         self.job_id = job_id
         self.plan = plan
@@ -87,15 +88,21 @@ class Supervisor:
         self.clock = clock
         # Called once, when every rank has checked in (each agent has read its private file by then).
         self.on_all_started = on_all_started
-        # Called once, in a thread, when a rank reports its first step (the imports are done by then,
-        # so work started here does not slow the ranks' start).
+        # Called once, in this thread, when a rank reports its first step (the ranks' imports are done
+        # by then, so work done here does not slow their start). Never in a thread of its own: an
+        # import still running in another thread when a short job ends races the interpreter's exit.
         self.on_first_step = on_first_step
-        self._first_step_work: threading.Thread | None = None
+        self._all_started_work: threading.Thread | None = None
+        self._pump_stop = threading.Event()
         self.lost_hosts: set[str] = set()  # host names of nodes whose agents went silent or away
         self.launcher: subprocess.Popen[bytes] | None = None
         self.launcher_tail: collections.deque[str] = collections.deque(maxlen=30)
         self._signals: queue.SimpleQueue[int] = queue.SimpleQueue()
         self.view = LiveView(out, settings.status_interval_s, clock)
+        self.rank_logs = rank_logs
+        self.console = RankOutput(
+            self._print, self.view.progress, rank_logs, settings.tee, self.launcher_tail
+        )
         self.state = SupervisorPhase.STARTING
 
     # --- output ---------------------------------------------------------------------------------
@@ -107,19 +114,34 @@ class Supervisor:
         """What `gaudi-cluster status` shows (called from the status socket's thread)."""
         return self.view.snapshot(self.server.agents(), self.job_id, self.state.value)
 
+    def figures(self, restarts: int = 0) -> JobFigures:
+        """What the metrics endpoint serves (called from its server's thread at each scrape)."""
+        return self.view.figures(self.server.agents(), self.job_id, self.state.value, restarts)
+
     def _pump_launcher(self) -> None:
+        """Route the launcher's output line by line until it ends or run() says stop: never left
+        running (an abort cannot wait for the end of a pipe that a cut-off node's ssh holds open)."""
         assert self.launcher is not None and self.launcher.stdout is not None
-        for raw in iter(self.launcher.stdout.readline, b""):
-            line = raw.decode(errors="replace").rstrip("\n")
-            if _RANK_PREFIX.match(line):  # a rank on this node, started without pdsh
-                self._print(line)
-                continue
-            remote = _PDSH_LINE.match(line)
-            if remote and _RANK_PREFIX.match(remote["rest"]):
-                self._print(remote["rest"])
-                continue
-            self.launcher_tail.append(line)
-            self._print(f"[{remote['host']}] {remote['rest']}" if remote else f"[launcher] {line}")
+        fd, pending = self.launcher.stdout.fileno(), b""
+        with selectors.DefaultSelector() as selector:
+            selector.register(fd, selectors.EVENT_READ)
+            while True:
+                if not selector.select(timeout=0.1):
+                    if self._pump_stop.is_set():
+                        break  # nothing more for now, and run() is done: what comes later is lost
+                    if self.rank_logs is not None:
+                        self.rank_logs.flush()  # a quiet moment: `tail -f` on a rank's file is current
+                    continue
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    break
+                *lines, pending = (pending + chunk).split(b"\n")
+                for raw in lines:
+                    self.console.route(raw.decode(errors="replace"))
+        if pending:
+            self.console.route(pending.decode(errors="replace"))
+        if self.rank_logs is not None:
+            self.rank_logs.close()
 
     # --- signals --------------------------------------------------------------------------------
 
@@ -130,7 +152,7 @@ class Supervisor:
     # --- the run --------------------------------------------------------------------------------
 
     def run(self) -> JobOutcome:
-        env = {**os.environ, **self.plan.env}
+        env = {**launcher_environment(os.environ), **self.plan.env}
         started = self.clock()
         # Its own session: a Ctrl-C in the terminal reaches us, and we stop the ranks in order.
         try:
@@ -150,16 +172,26 @@ class Supervisor:
                 f"cannot start the {self.plan.launcher} launcher ({self.plan.argv[0]}: {error.strerror}); "
                 "fix: install it on this node or choose another launcher"
             ) from None
-        pump = threading.Thread(target=self._pump_launcher, name="launcher-output", daemon=True)
+        pump = threading.Thread(target=self._pump_launcher, name="launcher-output")
         pump.start()
-        outcome = self._watch(started)
-        failed = outcome.state is JobState.FAILED
-        self.state = SupervisorPhase.ABORTING if failed else SupervisorPhase.ended(outcome.state)
-        self._teardown(outcome)
-        # The launcher's last lines. After an abort, do not wait for the end of its output: an ssh
-        # session riding a shared connection hands its output pipe to that connection's process,
-        # which holds it open for as long as a cut-off node leaves the connection up.
-        pump.join(timeout=0.3 if outcome.state is JobState.FAILED else 2)
+        try:
+            outcome = self._watch(started)
+            failed = outcome.state is JobState.FAILED
+            self.state = SupervisorPhase.ABORTING if failed else SupervisorPhase.ended(outcome.state)
+            self._teardown(outcome)
+            # The launcher's last lines. After an abort, do not wait for the end of its output: an ssh
+            # session riding a shared connection hands its output pipe to that connection's process,
+            # which holds it open for as long as a cut-off node leaves the connection up.
+            pump.join(timeout=0.3 if outcome.state is JobState.FAILED else 5)
+        finally:
+            # Every thread of this attempt ends here, whatever happened: one still writing to the
+            # console while the interpreter exits can abort it (SIGABRT, exit 134). What the console
+            # has not shown yet still reaches the ranks' files, without the console's pace.
+            self.console.quiet = True
+            self._pump_stop.set()
+            pump.join()
+            if self._all_started_work is not None:
+                self._all_started_work.join(timeout=15)
         self.view.close()
         for straggler in self.view.watch.flagged.values():
             self._print(f"gaudi-cluster: job {self.job_id}: {straggler.line()}")
@@ -175,9 +207,8 @@ class Supervisor:
             agents = self.server.agents()
             self.view.tick(agents)
             if self.on_first_step is not None and any(agent.step for agent in agents):
-                self._first_step_work = threading.Thread(target=self.on_first_step, name="first-step")
-                self._first_step_work.start()
-                self.on_first_step = None
+                first_step, self.on_first_step = self.on_first_step, None
+                first_step()
             with contextlib.suppress(queue.Empty):
                 signum = self._signals.get_nowait()
                 self._print(
@@ -205,12 +236,6 @@ class Supervisor:
             if failure is not None:
                 return JobOutcome.failed(failure, ranks_seen)
 
-    def finish_first_step_work(self, timeout_s: float = 60.0) -> None:
-        """Wait for on_first_step's thread (a short job can end while it still imports; the
-        interpreter must not exit under an import that is half done)."""
-        if self._first_step_work is not None:
-            self._first_step_work.join(timeout_s)
-
     def _handle(
         self, event: ControlEvent, ranks_seen: dict[int, str], finished: set[int]
     ) -> RankFailure | None:
@@ -218,7 +243,8 @@ class Supervisor:
             ranks_seen[event.rank] = event.host
             log.debug("rank %d checked in from %s", event.rank, event.host)
             if len(ranks_seen) == self.expected and self.on_all_started is not None:
-                threading.Thread(target=self.on_all_started, name="all-started", daemon=True).start()
+                self._all_started_work = threading.Thread(target=self.on_all_started, name="all-started")
+                self._all_started_work.start()
                 self.on_all_started = None
             return None
         if event.kind is EventKind.EXIT:

@@ -2,8 +2,9 @@
 
 On a terminal the status line is redrawn in place under the rank lines; otherwise it is printed
 once when the first step lands (a log then shows when training began, however short the job) and
-every `interval_s` seconds after. Stragglers are named on a line of their own, once. The same
-numbers serve `gaudi-cluster status` (a snapshot) and the final report.
+every `interval_s` seconds after. A rank's progress bar (e.g. a checkpoint being written) shows in
+the line while it runs instead of being printed. Stragglers are named on a line of their own, once.
+The same numbers serve `gaudi-cluster status` (a snapshot), the metrics and the final report.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
+from gaudi_cluster.view.figures import JobFigures, job_figures
 from gaudi_cluster.view.jobview import AgentState, RateMeter, StragglerWatch, live_line, status_rows
 
 CLEAR = "\r\x1b[K"
+PROGRESS_SHOWN_S = 5.0  # a bar not redrawn for this long has ended (or stalled): the line drops it
 
 
 class LiveView:
@@ -34,6 +37,7 @@ class LiveView:
         self._shown = False
         self._last_check = -1.0
         self._last_print = self.started
+        self._progress: tuple[str, float] | None = None  # the newest bar's text, when it came
         self._lock = threading.Lock()
 
     def write(self, text: str) -> None:
@@ -48,6 +52,16 @@ class LiveView:
         except (BrokenPipeError, OSError):
             pass
 
+    def progress(self, text: str) -> None:
+        """A rank's progress bar, redrawn: shown at the end of the status line while it runs."""
+        self._progress = (text, self.clock())
+
+    def _progress_part(self, now: float) -> str:
+        shown = self._progress
+        if shown is None or now - shown[1] > PROGRESS_SHOWN_S or " 100% " in shown[0] + " ":
+            return ""
+        return " · " + shown[0]
+
     def tick(self, agents: Sequence[AgentState]) -> None:
         """Called often; does its work once a second."""
         now = self.clock()
@@ -60,7 +74,7 @@ class LiveView:
             self.rate.add(now, min(steps))
         for straggler in self.watch.check(agents):
             self.write(f"gaudi-cluster: {straggler.line()}")
-        line = "gaudi-cluster: " + live_line(agents, now - self.started, self.rate)
+        line = "gaudi-cluster: " + live_line(agents, now - self.started, self.rate) + self._progress_part(now)
         with self._lock:
             self.line = line
             if self.tty:
@@ -87,10 +101,13 @@ class LiveView:
             "stragglers": [s.line() for s in self.watch.flagged.values()],
         }
 
+    def figures(self, agents: Sequence[AgentState], job_id: str, state: str, restarts: int) -> JobFigures:
+        now, flagged = self.clock(), self.watch.flagged
+        return job_figures(agents, now, now - self.started, self.rate, flagged, job_id, state, restarts)
+
 
 def configure_logging(verbose: bool) -> None:
-    """Log lines on stderr, INFO and up; -v adds our own DEBUG lines only (a library's, such as
-    matplotlib's font search, would bury them)."""
-    logging.basicConfig(level=logging.INFO, format="gaudi-cluster: %(message)s", stream=sys.stderr)
-    if verbose:
-        logging.getLogger("gaudi_cluster").setLevel(logging.DEBUG)
+    """Our log lines on stderr, INFO and up (-v: DEBUG); a library's only from WARNING up: their INFO
+    lines (matplotlib's "generated new fontManager") are noise on a job's console."""
+    logging.basicConfig(level=logging.WARNING, format="gaudi-cluster: %(message)s", stream=sys.stderr)
+    logging.getLogger("gaudi_cluster").setLevel(logging.DEBUG if verbose else logging.INFO)

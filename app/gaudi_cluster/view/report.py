@@ -2,8 +2,9 @@
 
 JSON: nodes (host, host name, slots, package versions, image build), ranks, the preset's and the
 forwarded variables' names (never values), phase timings from container start to the first step,
-throughput, stragglers and the failure if any. PNG: every rank's own work per step over the run, the
-slow ones highlighted. Built by the master at the end of an attempt; `build` is pure.
+throughput, stragglers, the failure if any, and every attempt so far with the step it resumed from.
+PNG: every rank's own work per step over the run, the slow ones highlighted. Built by the master at
+the end of an attempt; `build` is pure.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,41 @@ def phase_timings(points: Mapping[str, float | None]) -> dict[str, float]:
     return out
 
 
+@dataclass(frozen=True)
+class AttemptRecord:
+    """One attempt of the job as the report lists it: how it ended and the step its ranks resumed from
+    (0: from scratch; None: the ranks never chose, e.g. the attempt failed before)."""
+
+    attempt: int
+    job: str
+    state: str
+    exit_code: int
+    resumed_from_step: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> AttemptRecord:
+        step = data.get("resumed_from_step")
+        return cls(
+            int(data["attempt"]),
+            str(data["job"]),
+            str(data["state"]),
+            int(data["exit_code"]),
+            None if step is None else int(step),
+        )
+
+
+def resumed_from_step(events: Sequence[Mapping[str, Any]]) -> int | None:
+    """The step rank 0's `resume` event names (0: from scratch); None without one."""
+    resume = next((e for e in reversed(events) if e.get("event") == "resume"), None)
+    if resume is None:
+        return None
+    step = resume.get("step")
+    return int(step) if isinstance(step, int) else 0
+
+
 def _node_row(host: str, slots: int, report: NodeReport | None) -> dict[str, Any]:
     return {
         "host": host,
@@ -68,6 +105,7 @@ def build(
     events: Sequence[Mapping[str, Any]],
     stragglers: Sequence[str],
     failure: str | None,
+    attempts: Sequence[AttemptRecord] = (),
 ) -> dict[str, Any]:
     done = next((e for e in events if e.get("event") == "train_done"), {})
     return {
@@ -86,6 +124,7 @@ def build(
         },
         "stragglers": list(stragglers),
         "failure": failure,
+        "attempts": [attempt.to_json() for attempt in attempts],
     }
 
 

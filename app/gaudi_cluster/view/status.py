@@ -37,7 +37,7 @@ class StatusServer:
         finally:
             os.umask(old)
         self._sock.listen(8)
-        self._thread = threading.Thread(target=self._serve, name="status", daemon=True)
+        self._thread = threading.Thread(target=self._serve, name="status")
 
     def start(self) -> None:
         self._thread.start()
@@ -52,8 +52,13 @@ class StatusServer:
                 conn.sendall((json.dumps(self._snapshot()) + "\n").encode())
 
     def close(self) -> None:
+        """Stop serving and wait for the thread (shutdown() wakes its accept(); close() alone would not)."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._sock.close()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
         self.path.unlink(missing_ok=True)
 
 
