@@ -279,3 +279,10 @@ def test_pure_modules_touch_no_file_and_no_environment(name):
 def test_no_module_is_over_the_size_limit(name):
     lines = len(module_files()[name].read_text().splitlines())
     assert lines <= MAX_LINES, f"{name} has {lines} lines; split it by phase or concept"
+
+
+def test_every_test_file_has_its_own_basename():
+    """pytest imports test modules by basename (no __init__ in tests/): two test_x.py files stop the
+    whole run at collection."""
+    names = [path.name for path in (APP.parent / "tests").rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
