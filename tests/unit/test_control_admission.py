@@ -129,7 +129,7 @@ def test_a_slowloris_is_cut_at_the_handshake_deadline(server):
     sock.makefile("rb").readline()  # the challenge
     # One byte every 0.2 s would have kept a per-recv timeout alive for 8 s.
     took = closed_within(sock, 6)
-    assert took is not None and took < 2.0, took
+    assert took is not None and took < 4.0, took
     assert free_slots(server)
 
 
