@@ -139,6 +139,20 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _fsync_tree(root: Path) -> None:
+    """Flush every file and directory of a checkpoint to disk. The Trainer's and DeepSpeed's writers do
+    not fsync; without this a power cut after the marker could leave a "complete" checkpoint whose
+    files the kernel had not written yet."""
+    for directory, _subdirs, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(directory, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(directory))
+
+
 def _write_atomically(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "w") as fh:
@@ -149,13 +163,15 @@ def _write_atomically(path: Path, text: str) -> None:
 
 
 def write_marker(checkpoint_dir: str | Path, step: int, world_size: int) -> None:
-    """Mark a checkpoint complete: write to a temp file, fsync, rename, fsync the directory."""
+    """Mark a checkpoint complete once its files are on disk: fsync them, then write the marker to a
+    temp file, fsync, rename, fsync the directory."""
     ckpt = Path(checkpoint_dir)
     # DeepSpeed writes its "latest" tag file on global rank 0 only; with node-local storage the other
     # nodes hold their global_stepN but no tag, and loading the checkpoint there would fail.
     tags = [p.name for p in ckpt.glob("global_step*") if p.is_dir() and p.name[11:].isdigit()]
     if tags and not (ckpt / "latest").exists():
         _write_atomically(ckpt / "latest", max(tags, key=lambda name: int(name[11:])))
+    _fsync_tree(ckpt)
     tmp = ckpt / f".{COMPLETE_MARKER}.tmp-{os.getpid()}"
     with open(tmp, "w") as fh:
         json.dump({"step": step, "world_size": world_size, "t": time.time()}, fh)

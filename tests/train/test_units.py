@@ -123,6 +123,30 @@ def test_marker_gives_every_node_deepspeeds_latest_tag(tmp_path):
     assert (ckpt / "latest").read_text() == "global_step12"
 
 
+def test_every_file_of_a_checkpoint_is_on_disk_before_its_marker(tmp_path: Path, monkeypatch) -> None:
+    ckpt = tmp_path / "checkpoint-7"
+    (ckpt / "global_step7").mkdir(parents=True)
+    (ckpt / "global_step7" / "mp_rank_00_model_states.pt").write_bytes(b"w")
+    (ckpt / "trainer_state.json").write_text("{}")
+    order: list[str] = []
+    real_fsync, real_replace = checkpoints.os.fsync, checkpoints.os.replace
+
+    def fsync(fd: int) -> None:
+        order.append("fsync " + Path(checkpoints.os.readlink(f"/proc/self/fd/{fd}")).name)
+        real_fsync(fd)
+
+    def replace(src: object, dst: object) -> None:
+        order.append("rename " + Path(str(dst)).name)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(checkpoints.os, "fsync", fsync)
+    monkeypatch.setattr(checkpoints.os, "replace", replace)
+    checkpoints.write_marker(ckpt, 7, world_size=1)
+    marked = order.index("rename " + checkpoints.COMPLETE_MARKER)
+    for name in ("mp_rank_00_model_states.pt", "trainer_state.json", "latest", "global_step7"):
+        assert "fsync " + name in order[:marked], (name, order)
+
+
 def test_remove_checkpoints_reports_only_what_it_removed(tmp_path: Path) -> None:
     kept_away = tmp_path / "checkpoint-9"  # already gone: another writer removed it
     gone = [make_ckpt(tmp_path, 1, True), kept_away, make_ckpt(tmp_path, 2, False)]
