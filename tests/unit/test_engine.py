@@ -204,6 +204,21 @@ def test_sbatch_docker_mode_runs_the_node_with_run_nodes_flags(tmp_path):
     assert "GAUDI_CLUSTER_IMAGE" not in ours
 
 
+def test_sbatch_docker_mode_gives_the_client_key_to_node_0_only(tmp_path):
+    common = {"GAUDI_CLUSTER_KEYS": str(tmp_path), "GAUDI_CLUSTER_IMAGE": "img:tag"}
+    mounts = {}
+    for node_id in ("0", "1", "2"):
+        docker_line = dry_run(SBATCH, SLURM_NODEID=node_id, **common).stdout.splitlines()[-1]
+        words = shlex.split(docker_line)
+        volumes = [words[i + 1] for i, word in enumerate(words) if word == "-v"]
+        mounts[node_id] = [volume for volume in volumes if "secrets" in volume]
+    assert mounts["0"] == [f"{tmp_path}:/run/secrets/gaudi-cluster:ro"]
+    assert mounts["1"] == mounts["2"] == [f"{tmp_path}/worker:/run/secrets/gaudi-cluster:ro"]
+    (tmp_path / "id_ed25519.pub").write_text("ssh-ed25519 AAAA\n")  # a key directory from before worker/
+    done = dry_run(SBATCH, DRY_RUN="0", **common)
+    assert done.returncode == 2 and f"{tmp_path}/worker" in done.stderr and "fix: make keys" in done.stderr
+
+
 def test_sbatch_pyxis_and_direct_modes_run_the_entrypoint_with_auto():
     pyxis = shlex.split(dry_run(SBATCH, "job.py", GAUDI_CLUSTER_SLURM_MODE="pyxis").stdout)
     assert any(word.startswith("--container-image=gaudi-cluster:gaudi") for word in pyxis)
