@@ -22,6 +22,7 @@ from gaudi_cluster.supervise import admission
 from gaudi_cluster.supervise.control import ControlServer, EventKind
 from gaudi_cluster.wire import protocol
 from gaudi_cluster.wire.channel import Channel, Identity, authenticate, connect_and_authenticate
+from gaudi_cluster.wire.private_payload import PrivatePayload
 
 from tests.support.ports import free_port
 
@@ -217,7 +218,7 @@ def test_an_injected_stop_never_reaches_a_real_agents_rank(tmp_path, fast_handsh
     is ignored (and said), the sealed one stops the rank."""
     secret, port = protocol.new_token(), free_port()
     listener = socket.create_server(("127.0.0.1", port))
-    jobdir.stage(tmp_path, JOB, {"token": protocol.node_key(secret, NODE_A), "node": NODE_A})
+    jobdir.stage(tmp_path, JOB, PrivatePayload(node=NODE_A, token=protocol.node_key(secret, NODE_A)))
     hostname = socket.gethostname()
     server_side: list[Channel] = []
 

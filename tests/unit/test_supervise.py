@@ -24,6 +24,7 @@ from gaudi_cluster.supervise.control import ControlServer, EventKind
 from gaudi_cluster.supervise.outcome import FailureCause, JobState
 from gaudi_cluster.supervise.supervisor import Supervisor, SupervisorPhase, SupervisorSettings
 from gaudi_cluster.wire import protocol
+from gaudi_cluster.wire.private_payload import PrivatePayload
 
 from tests.support.ports import free_port
 
@@ -48,7 +49,7 @@ def control_server(
 ) -> ControlServer:
     """A master's control server for `ranks` agents on this host, its secret staged for them."""
     token = protocol.new_token()
-    jobdir.stage(job_root, job_id, {"token": protocol.node_key(token, HOST), "node": HOST})
+    jobdir.stage(job_root, job_id, PrivatePayload(node=HOST, token=protocol.node_key(token, HOST)))
     return ControlServer("127.0.0.1", port, job_id, heartbeat, token, dict.fromkeys(range(ranks), HOST))
 
 
@@ -219,7 +220,7 @@ def test_rank_dies_with_its_master(tmp_path):
 
 def test_agent_refuses_to_run_unsupervised(tmp_path):
     port = free_port()  # nothing listens there
-    jobdir.stage(tmp_path, "x", {"token": protocol.new_token()})
+    jobdir.stage(tmp_path, "x", PrivatePayload(node="x-node", token=protocol.new_token()))
     done = subprocess.run(
         [
             sys.executable,

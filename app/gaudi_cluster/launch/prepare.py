@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from gaudi_cluster.env import cpu_threads, envfile, jobenv
 from gaudi_cluster.errors import ClusterNotReady, ConfigError
@@ -24,6 +24,7 @@ from gaudi_cluster.nodes.hostfile import HostEntry, Hostfile, active_resources, 
 from gaudi_cluster.nodes.survey import NodeSurvey
 from gaudi_cluster.settings.config import ClusterConfig
 from gaudi_cluster.wire import protocol
+from gaudi_cluster.wire.private_payload import PrivatePayload
 
 log = logging.getLogger("gaudi_cluster.launch.prepare")
 
@@ -90,9 +91,9 @@ class StagedValues:
     private_env: Mapping[str, str] = field(repr=False)
     token: str = field(repr=False)
 
-    def payload(self, node: str) -> dict[str, Any]:
+    def payload(self, node: str) -> PrivatePayload:
         """What node `node` gets: its own key (never the attempt's secret) and its name in the plan."""
-        return {"env": dict(self.private_env), "token": protocol.node_key(self.token, node), "node": node}
+        return PrivatePayload(node=node, token=protocol.node_key(self.token, node), env=self.private_env)
 
 
 def staged_values(env_pass: Sequence[str], environ: Mapping[str, str]) -> StagedValues:

@@ -24,6 +24,7 @@ from gaudi_cluster.nodes import devices
 from gaudi_cluster.rank import jobdir
 from gaudi_cluster.settings import profiles
 from gaudi_cluster.wire.node_report import Interface, NodeReport
+from gaudi_cluster.wire.private_payload import PrivatePayload, PrivatePayloadError
 
 PACKAGES = ("torch", "deepspeed", "transformers", "optimum-habana", "habana-torch-plugin")
 BUILD_ID_FILE = Path("/opt/gaudi-cluster/BUILD_ID")
@@ -263,10 +264,10 @@ def run(
     """`gaudi-cluster probe`: stage the job's directory (private payload on stdin) if asked, then report."""
     if stage_job:
         try:
-            payload = json.loads(sys.stdin.read() or "{}")
-        except ValueError:
+            payload = PrivatePayload.from_json(sys.stdin.read())
+        except PrivatePayloadError as error:
             raise ConfigError(
-                "probe --stage: stdin is not the master's JSON payload; fix: let the master run it"
+                f"probe --stage: stdin is not the master's payload ({error}); fix: let the master run it"
             ) from None
         jobdir.stage(job_root, stage_job, payload)
     print(probe(paths, accelerator, cpu_slots, check_efa, output_dir, check_fabric).to_json())

@@ -10,7 +10,6 @@ The probe also stages the job's directory and private file on each node (from it
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 import shutil
@@ -21,7 +20,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from gaudi_cluster.env import presets
 from gaudi_cluster.errors import ClusterNotReady
@@ -32,6 +30,7 @@ from gaudi_cluster.nodes.find import FindSettings, FoundNodes, find_nodes, local
 from gaudi_cluster.rank import jobdir
 from gaudi_cluster.settings.config import ClusterConfig
 from gaudi_cluster.wire.node_report import Interface, NodeReport, NodeReportError, placeholder_reports
+from gaudi_cluster.wire.private_payload import PrivatePayload
 
 log = logging.getLogger("gaudi_cluster.nodes.survey")
 
@@ -130,7 +129,7 @@ def survey_nodes(
     config: SurveySettings,
     paths: Sequence[str],
     environ: Mapping[str, str],
-    private: Callable[[str], Mapping[str, Any]] | None = None,
+    private: Callable[[str], PrivatePayload] | None = None,
     output_dir: str | None = None,
 ) -> NodeSurvey:
     """Discover, wait for and probe every node under the one --wait-timeout deadline; `private` (for
@@ -267,7 +266,7 @@ def probe_nodes(
     environ: Mapping[str, str],
     deadline: float,
     job_id: str,
-    payload: Callable[[str], Mapping[str, Any]] | None,
+    payload: Callable[[str], PrivatePayload] | None,
     output_dir: str | None = None,
 ) -> tuple[dict[str, NodeReport], dict[str, str]]:
     """Run `gaudi-cluster probe` on every node at once: (reports by host, why-unreachable by host).
@@ -287,7 +286,7 @@ def probe_nodes(
     if _check_fabric(config):
         command.append("--check-fabric")
     timeout = max(10.0, deadline - time.monotonic())
-    stdin = (lambda host: json.dumps(dict(payload(host)))) if payload is not None else None
+    stdin = (lambda host: payload(host).to_json()) if payload is not None else None
     results = ssh.run_on_hosts(hosts, command, ssh_config, timeout, stdin=stdin)
     reports: dict[str, NodeReport] = {}
     unreachable: dict[str, str] = {}

@@ -76,9 +76,9 @@ class RankAgent:
         # The job's secret and the variables forwarded on purpose: staged by the master over ssh
         # stdin, read before anything else (the master deletes the file once every rank has started).
         private = jobdir.read_private(self.job_dir)
-        self.token = str(private.get("token") or "")  # this node's key (protocol.node_key)
-        self.node = str(private.get("node") or self.host)  # the node's name in the master's plan
-        self.env.update(jobdir.private_env(private))
+        self.token = private.token if private else ""  # this node's key (protocol.node_key)
+        self.node = private.node if private else self.host  # the node's name in the master's plan
+        self.env.update(private.env if private else {})
         self.progress_file = self.job_dir / f"rank{self.rank}.progress"
         self.env["GAUDI_CLUSTER_PROGRESS_FILE"] = str(self.progress_file)
         self.env["GAUDI_CLUSTER_EVENTS_FILE"] = str(self.job_dir / "events.jsonl")

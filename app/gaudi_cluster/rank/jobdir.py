@@ -7,11 +7,10 @@ over ssh stdin (or writes it locally); each rank agent reads it before starting 
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+
+from gaudi_cluster.wire.private_payload import PrivatePayload, PrivatePayloadError
 
 PRIVATE_FILE = "private.json"
 
@@ -28,34 +27,27 @@ def create(job_root: str | Path, job_id: str) -> Path:
     return path
 
 
-def write_private(directory: Path, payload: Mapping[str, Any]) -> Path:
+def write_private(directory: Path, payload: PrivatePayload) -> Path:
     """Write the private file as 0600 from the start (never world-readable, even for an instant)."""
     target = directory / PRIVATE_FILE
     temporary = directory / f".{PRIVATE_FILE}.{os.getpid()}"
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
-        json.dump(dict(payload), out)
+        out.write(payload.to_json())
     os.replace(temporary, target)
     return target
 
 
-def stage(job_root: str | Path, job_id: str, payload: Mapping[str, Any]) -> Path:
+def stage(job_root: str | Path, job_id: str, payload: PrivatePayload) -> Path:
     directory = create(job_root, job_id)
     write_private(directory, payload)
     return directory
 
 
-def read_private(directory: Path) -> dict[str, Any]:
-    """The private payload, or {} when the master staged none (e.g. a hand-started agent)."""
+def read_private(directory: Path) -> PrivatePayload | None:
+    """The private payload, or None when the master staged none (e.g. a hand-started agent) or the
+    file is not one this version writes (the agent then has no key, and the master refuses it)."""
     try:
-        data = json.loads((directory / PRIVATE_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def private_env(payload: Mapping[str, Any]) -> dict[str, str]:
-    env = payload.get("env")
-    if not isinstance(env, dict):
-        return {}
-    return {str(k): str(v) for k, v in env.items()}
+        return PrivatePayload.from_json((directory / PRIVATE_FILE).read_text())
+    except (OSError, PrivatePayloadError):
+        return None
