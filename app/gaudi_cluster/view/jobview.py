@@ -15,6 +15,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from gaudi_cluster.view.history import WorkHistory
+
 
 @dataclass
 class AgentState:
@@ -35,9 +37,10 @@ class AgentState:
     max_steps: int | None = None
     samples_per_step: int | None = None
     last_line: str = ""
-    # (step, seconds of this rank's own work): the recent ones for the live view, all for the report.
+    # (step, seconds of this rank's own work): the recent ones for the live view; the whole run,
+    # downsampled to a bounded number of points (view/history), for the report.
     recent_work: tuple[tuple[int, float], ...] = ()
-    work_history: list[tuple[int, float]] = field(default_factory=list, repr=False)
+    work_history: WorkHistory = field(default_factory=WorkHistory, repr=False)
 
     def progress_age_now(self, now: float) -> float | None:
         if self.progress_age is None or self.progress_received is None:
