@@ -57,8 +57,12 @@ def test_a_big_job_is_written_with_per_node_lines_and_named_ranks(tmp_path: Path
 
 def test_a_small_job_keeps_one_line_per_rank(tmp_path: Path, monkeypatch):
     drawn = []
-    monkeypatch.setattr(report, "_plot_nodes", lambda *args: drawn.append("nodes"))
-    monkeypatch.setattr(report, "_plot_ranks", lambda *args: drawn.append("ranks"))
+
+    def drawing(name: str):
+        return lambda ax, *_: (drawn.append(name), ax.plot([0], [0], label=name))
+
+    monkeypatch.setattr(report, "_plot_nodes", drawing("nodes"))
+    monkeypatch.setattr(report, "_plot_ranks", drawing("ranks"))
     small = {0: [(1, 0.4), (2, 0.41)], 1: [(1, 0.9), (2, 0.95)]}
     assert report.plot(small, {1}, tmp_path / "a.png", {0: "m", 1: "w"})
     assert report.plot(job(17, 8, {}, steps=10), set(), tmp_path / "b.png", {r: "h" for r in range(17)})
