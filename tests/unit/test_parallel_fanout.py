@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 import stat
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -24,6 +27,7 @@ case "$host" in
     refused*) echo "ssh: connect to host $host port 3022: Connection refused" >&2; exit 255 ;;
     hangs*) exec sleep 600 ;;
     stdin*) cat; exit 0 ;;
+    record*) cat >"$FAKE_SSH_LOG.$host.stdin"; printf '%s' "$3" >"$FAKE_SSH_LOG.$host.cmd"; exit 0 ;;
 esac
 sleep "${FAKE_SSH_SLEEP:-0}"
 echo "ran on $host: $3"
@@ -126,3 +130,22 @@ def test_greeters_tells_an_sshd_from_a_silent_port_and_a_bad_name():
     finally:
         stop_sshd.set()
         stop_other.set()
+
+
+@pytest.mark.timeout(60)
+def test_the_job_ssh_config_is_staged_at_the_same_path_on_other_nodes(fake_ssh: Path, tmp_path: Path):
+    job_dir = tmp_path / "jobs" / "j1"
+    job_dir.mkdir(parents=True)
+    config = ssh.write_ssh_config(job_dir, 3022, None, host_key="ssh-ed25519 AAAAkey")
+    failed = ssh.share_client_config(["record-1", "refused-1"], config, sys.executable, 3022)
+    assert list(failed) == ["refused-1"] and "nothing listens on port 3022" in failed["refused-1"]
+    # What reached record-1, run here into another directory: both files, owner-only, same text.
+    remote = shlex.split(Path(f"{fake_ssh}.record-1.cmd").read_text())
+    assert remote[-1] == str(job_dir)
+    elsewhere = tmp_path / "node-1" / "jobs" / "j1"
+    stdin = Path(f"{fake_ssh}.record-1.stdin").read_text()
+    subprocess.run([*remote[:-1], str(elsewhere)], input=stdin, text=True, check=True)
+    for name in ("ssh_config", "known_hosts"):
+        assert (elsewhere / name).read_text() == (job_dir / name).read_text()
+        assert (elsewhere / name).stat().st_mode & 0o077 == 0
+    assert (elsewhere / "known_hosts").read_text() == "* ssh-ed25519 AAAAkey\n"

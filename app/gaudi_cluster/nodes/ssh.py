@@ -7,6 +7,7 @@ trust is never disabled globally. Every call is BatchMode (never prompts) with a
 
 from __future__ import annotations
 
+import json
 import shlex
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -210,3 +211,30 @@ def close_connections(hosts: Iterable[str], config: Path) -> None:
     it never waits on an unreachable node)."""
     commands = {host: ["ssh", "-F", str(config), "-O", "exit", "--", host] for host in hosts}
     parallel.run_all(commands, timeout_s=5)
+
+
+# Writes each file of a JSON {name: text} on stdin into the directory argv[1], owner-only, atomically.
+_WRITE_FILES = (
+    "import json, os, sys\n"
+    "directory = sys.argv[1]\n"
+    "os.makedirs(directory, mode=0o700, exist_ok=True)\n"
+    "for name, text in json.load(sys.stdin).items():\n"
+    "    path = os.path.join(directory, name)\n"
+    "    fd = os.open(path + '.part', os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)\n"
+    "    with os.fdopen(fd, 'w') as out:\n"
+    "        out.write(text)\n"
+    "    os.replace(path + '.part', path)\n"
+)
+
+
+def share_client_config(hosts: Sequence[str], config: Path, python: str, port: int) -> dict[str, str]:
+    """Copy the job's ssh config and the known_hosts it names to the same paths on every host, for
+    an ssh started there (Open MPI's tree spawn starts daemons from other nodes with the master's
+    ssh arguments, `-F` this config included); returns why, by host, where that failed."""
+    files = {config.name: config.read_text()}
+    known_hosts = config.parent / "known_hosts"
+    if known_hosts.is_file():
+        files[known_hosts.name] = known_hosts.read_text()
+    remote = [python, "-c", _WRITE_FILES, str(config.parent)]
+    results = run_on_hosts(hosts, remote, config, timeout_s=30, stdin=json.dumps(files))
+    return {host: explain_ssh_failure(r, port) for host, r in results.items() if not r.ok}
