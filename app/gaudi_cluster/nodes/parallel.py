@@ -175,11 +175,12 @@ def _close_all(
 ) -> None:
     """Close what is left of a finished child's pipes. An exited child's last output is already in
     its pipes' buffers (it could not have exited while blocked on a write), so reading until the pipe
-    is empty gets all of it, even when a process it left behind still holds the pipe open."""
+    is empty gets all of it, even when a process it left behind still holds the pipe open (whose
+    own writes are not waited for: at most a pipe's worth more is read)."""
     for fd in child.fds:
         if running.get(fd, (None, ""))[0] is not child:
             continue  # closed already (and the number perhaps reused by another child's pipe)
-        while drain and running[fd][1] != "stdin":
+        for _ in range(16 if drain and running[fd][1] != "stdin" else 0):
             try:
                 chunk = os.read(fd, 65536)
             except OSError:  # BlockingIOError: empty now
