@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import threading
 
@@ -319,3 +320,57 @@ def test_a_full_disk_on_one_worker_is_named_with_its_cause(make_cluster):
     # The preflight warned before launch (a warning: the job may write less than the threshold).
     warned = [line for line in log.splitlines() if "disk" in line and "below --min-free-disk 64 MiB" in line]
     assert len(warned) == 1, log[:3000]
+
+
+def _worker_hops(cluster, worker_ips: dict[str, str]) -> list[tuple[str, str]]:
+    """(worker, worker that logged in to it): what only a tree spawn through a worker does."""
+    return [
+        (name, other)
+        for name in cluster.worker_names
+        for other, ip in worker_ips.items()
+        if other != name and f"Accepted publickey for root from {ip} " in cluster.logs(name)
+    ]
+
+
+def _trained(cluster) -> None:
+    report = json.loads((cluster.output_dir / "job_report.json").read_text())
+    assert {r["rank"]: r["hostname"] for r in report["ranks"]} == {0: "master", 1: "worker-1", 2: "worker-2"}
+    assert report["state"] == "succeeded"
+    state = json.loads(next(cluster.output_dir.glob("checkpoint-*/trainer_state.json")).read_text())
+    losses = [entry["loss"] for entry in state["log_history"] if "loss" in entry]
+    assert len(losses) >= 2 and losses[-1] < losses[0], losses
+
+
+def test_mpirun_with_tree_spawn_trains_across_three_containers(make_cluster, cluster_keys, tmp_path):
+    """mpirun's ssh arguments name the job's ssh config. By default mpirun starts every daemon itself
+    (workers hold no client key); asked for tree spawn, a worker's daemon starts the next worker's over
+    ssh with the same arguments, so the config is staged on every node. Radix 1 makes the tree a chain:
+    master -> first worker -> second worker."""
+    keys = tmp_path / "keys-everywhere"  # make keys without its worker/ part: every node gets the key
+    shutil.copytree(cluster_keys, keys, ignore=shutil.ignore_patterns("worker"))
+    cluster = make_cluster(workers=2)
+    cluster.key_dir = keys
+    cluster.start_workers()
+    cluster.wait_healthy(cluster.worker_names)
+    worker_ips = {name: cluster.ip_of(name) for name in cluster.worker_names}
+    chain = {"GAUDI_CLUSTER_LAUNCHER": "mpirun", "OMPI_MCA_routed_radix": "1"}
+
+    cluster.start_master(extra_env=chain)
+    code = cluster.wait_master(timeout_s=900)
+    log = cluster.logs(cluster.master)
+    assert code == 0, log[-4000:]
+    assert "--mca plm_rsh_no_tree_spawn 1" in log and _worker_hops(cluster, worker_ips) == []
+    _trained(cluster)
+    subprocess.run(["docker", "rm", "-f", cluster.master], check=True, capture_output=True)
+    cluster.output_dir = tmp_path / "output-tree"  # a fresh run, not a resume of the first one
+
+    # Open MPI reads MCA parameters from OMPI_MCA_*; set in the master's environment, its choice rules.
+    cluster.start_master(extra_env={**chain, "OMPI_MCA_plm_rsh_no_tree_spawn": "0"})
+    code = cluster.wait_master(timeout_s=900)
+    log = cluster.logs(cluster.master)
+    assert code == 0, log[-4000:]
+    assert "plm_rsh_no_tree_spawn" not in log.split("launching: ", 1)[1].split("\n", 1)[0]
+    assert len(_worker_hops(cluster, worker_ips)) == 1, {
+        n: cluster.logs(n)[-2000:] for n in cluster.worker_names
+    }
+    _trained(cluster)

@@ -293,7 +293,8 @@ def test_mpirun_plan_openmpi4_golden():
     assert plan.argv == (
         "mpirun", "--allow-run-as-root", "--prefix", "/usr/local/openmpi",
         "-n", "4", "-H", "10.0.0.1:2,10.0.0.2:2", "--bind-to", "none",
-        "--mca", "plm_rsh_args", "-p 3022 -F /j/ssh_config", "--mca", "btl", "^openib",
+        "--mca", "plm_rsh_args", "-p 3022 -F /j/ssh_config", "--mca", "plm_rsh_no_tree_spawn", "1",
+        "--mca", "btl", "^openib",
         "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
         "-x", "A=x y", "-x", "HCCL_OVER_OFI=1", "-x", "MASTER_ADDR=10.0.0.1", "-x", "MASTER_PORT=29500",
         *RANK_TAIL,
@@ -305,11 +306,19 @@ def test_mpirun_plan_openmpi5_golden():
     assert plan.argv == (
         "mpirun", "--allow-run-as-root",
         "-n", "4", "-H", "10.0.0.1:2,10.0.0.2:2", "--bind-to", "none",
-        "--prtemca", "plm_ssh_args", "-p 3022",
+        "--prtemca", "plm_ssh_args", "-p 3022", "--prtemca", "plm_ssh_no_tree_spawn", "1",
         "--mca", "btl_tcp_if_include", "ens5", "--prtemca", "oob_tcp_if_include", "ens5",
         "-x", "MASTER_ADDR=10.0.0.1", "-x", "MASTER_PORT=29500",
         *RANK_TAIL,
     )  # fmt: skip
+
+
+def test_mpirun_leaves_tree_spawn_to_open_mpi_only_when_asked():
+    """A tree starts daemons over ssh from other nodes, where workers hold no client key (make keys):
+    off unless the master's environment sets Open MPI's parameter (every node holds the key)."""
+    asked = mpirun_plan(**mpi_kwargs(tree_spawn=True)).argv
+    assert "plm_rsh_no_tree_spawn" not in asked and "-p 3022 -F /j/ssh_config" in asked
+    assert not any("tree_spawn" in word for word in mpirun_plan(**mpi_kwargs(local=True)).argv)
 
 
 def test_mpirun_plan_rejects_unknown_openmpi():

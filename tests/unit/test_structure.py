@@ -57,6 +57,7 @@ PURE = {
     "gaudi_cluster.supervise.outcome",
     "gaudi_cluster.view.diagnosis",
     "gaudi_cluster.view.fabric",
+    "gaudi_cluster.view.history",
     "gaudi_cluster.view.figures",
     "gaudi_cluster.view.jobview",
     "gaudi_cluster.wire.node_report",

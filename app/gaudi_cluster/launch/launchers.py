@@ -143,10 +143,12 @@ def mpirun_plan(
     launcher_args: str = "",
     local: bool = False,
     binding: MpiBinding | None = None,
+    tree_spawn: bool = False,
 ) -> LaunchPlan:
     """Open MPI 4 (ORTE) or 5 (PRRTE), each with its own flags (profiles.json's openmpi_dialects); a
     `local` plan starts every rank on this node and never uses ssh. With a binding, each rank is bound
-    to its cores as optimum-habana's --use_mpi does; without one, nothing is bound."""
+    to its cores as optimum-habana's --use_mpi does; without one, nothing is bound. Without
+    `tree_spawn` mpirun starts every daemon itself: a worker holds no client key (make keys)."""
     dialect = profiles.matrix().dialect(openmpi_major)
     argv = ["mpirun", "--allow-run-as-root"]
     if mpi_root:
@@ -154,20 +156,14 @@ def mpirun_plan(
     argv += ["-n", str(hostfile.world_size), "-H", render_mpi_hosts(hostfile)]
     argv += binding.args(dialect.rank_by) if binding else ["--bind-to", "none"]
     if not local:
-        ssh_args = f"-p {ssh_port}"
-        if ssh_config_path:
-            ssh_args += f" -F {no_space(ssh_config_path, 'ssh config path')}"
-        argv += [*dialect.ssh_args, ssh_args]
+        config = f" -F {no_space(ssh_config_path, 'ssh config path')}" if ssh_config_path else ""
+        argv += [*dialect.ssh_args, f"-p {ssh_port}{config}"]
+        no_tree = dialect.ssh_args[1].replace("_args", "_no_tree_spawn")  # plm_rsh_* (plm_ssh_* on PRRTE)
+        argv += [] if tree_spawn else [dialect.ssh_args[0], no_tree, "1"]
     argv += dialect.btl
     if socket_ifname and not local:
-        argv += [
-            "--mca",
-            "btl_tcp_if_include",
-            socket_ifname,
-            dialect.oob_mca,
-            "oob_tcp_if_include",
-            socket_ifname,
-        ]
+        argv += ["--mca", "btl_tcp_if_include", socket_ifname]
+        argv += [dialect.oob_mca, "oob_tcp_if_include", socket_ifname]
     argv += shlex.split(launcher_args)
     exported = {k: v for k, v in env.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
     for name in sorted(exported):
@@ -264,6 +260,7 @@ class MpirunLauncher:
             launcher_args=inputs.launcher_args,
             local=inputs.local,
             binding=inputs.mpi_binding,
+            tree_spawn=inputs.mpi_tree_spawn,
         )
 
 

@@ -211,3 +211,6 @@ class PlanInputs:
     runner_args: tuple[str, ...] = ()
     launcher_args: str = ""  # DeepSpeed's --launcher_args: extra flags for the backend (pdsh, mpirun)
     mpi_binding: MpiBinding | None = None  # mpirun binds each rank to its cores (else --bind-to none)
+    # The master's environment sets Open MPI's tree-spawn parameter (every node holds the client key):
+    # mpirun's default then, else the plan turns tree spawn off.
+    mpi_tree_spawn: bool = False

@@ -18,7 +18,7 @@ from typing import TextIO
 from gaudi_cluster.env import cpu_threads, envfile, jobenv
 from gaudi_cluster.errors import ClusterNotReady, ConfigError
 from gaudi_cluster.launch import launchers, plan, tools
-from gaudi_cluster.nodes import checks
+from gaudi_cluster.nodes import checks, ssh
 from gaudi_cluster.nodes.devices import resolve_accelerator
 from gaudi_cluster.nodes.hostfile import HostEntry, Hostfile, active_resources, make_hostfile, render_hostfile
 from gaudi_cluster.nodes.survey import NodeSurvey
@@ -243,10 +243,23 @@ def prepare(
         runner_args=options.runner_args(),
         launcher_args=options.launcher_args,
         mpi_binding=options.mpi_binding,
+        # Open MPI's tree-spawn parameter set in the master's environment (OMPI_MCA_plm_rsh_no_tree_spawn):
+        # its choice, not the plan's (every node then holds the client key).
+        mpi_tree_spawn=any(
+            name.startswith(("OMPI_MCA_", "PRTE_MCA_")) and name.endswith("_no_tree_spawn")
+            for name in environ
+        ),
     )
     # What the launcher needs on this machine is checked before it plans (DeepSpeed's backend_exists).
     tools.check_requirements(settings.launcher, launcher.requires(inputs), mpirun_major=lambda: mpirun_major)
     launch = launcher.plan(inputs)
+    if inputs.mpi_tree_spawn and survey.ssh_config and not survey.local and not settings.dry_run:
+        # mpirun's ssh arguments name the job's config (-F): tree spawn reads it on other nodes too.
+        others = [host for host in survey.hosts if host != survey.this_node]
+        failed = ssh.share_client_config(others, survey.ssh_config, sys.executable, settings.ssh_port)
+        if failed:
+            details = "; ".join(f"{host}: {why}" for host, why in failed.items())
+            raise ClusterNotReady(f"could not stage the job's ssh config for mpirun on: {details}")
     return PreparedJob(
         job_id=survey.job_id,
         job_dir=survey.job_dir,

@@ -7,17 +7,15 @@ trust is never disabled globally. Every call is BatchMode (never prompts) with a
 
 from __future__ import annotations
 
-import contextlib
+import json
 import shlex
-import socket
-import subprocess
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from gaudi_cluster.errors import ConfigError
+from gaudi_cluster.nodes import parallel
 
 
 @dataclass(frozen=True)
@@ -101,57 +99,24 @@ def ssh_argv(
     return ["ssh", "-F", str(config), *options, "--", host, shlex.join(remote)]
 
 
-Runner = Callable[[Sequence[str], float, "str | None"], SshResult]
-
-
-def run_subprocess(argv: Sequence[str], timeout_s: float, stdin: str | None = None) -> SshResult:
-    """Run argv; `stdin` (when given) is its whole standard input, the way secrets reach a node."""
-    host = argv[3] if len(argv) > 3 else "?"
-    try:
-        done = subprocess.run(
-            list(argv),
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            input=stdin,
-            stdin=None if stdin is not None else subprocess.DEVNULL,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return SshResult(host, 124, "", f"timed out after {timeout_s:.0f}s")
-    return SshResult(host, done.returncode, done.stdout, done.stderr)
-
-
 def run_on_hosts(
     hosts: Iterable[str],
     remote: Sequence[str],
     config: Path,
     timeout_s: float,
-    runner: Runner = run_subprocess,
     connect_timeout_s: int | None = None,
     stdin: str | Callable[[str], str] | None = None,
 ) -> dict[str, SshResult]:
-    """Run the same command on every host at once; one slow host does not delay the others. `stdin`
-    is the same text for every host, or made for each (a node's own key goes to that node only)."""
-    host_list = list(hosts)
-    if not host_list:
-        return {}
+    """Run the same command on every host at once (nodes/parallel: no thread per node); one slow host
+    does not delay the others. `stdin` is the same text for every host, or made for each (a node's
+    own key goes to that node only)."""
+    commands = {host: ssh_argv(host, remote, config, connect_timeout_s) for host in hosts}
 
     def stdin_of(host: str) -> str | None:
         return stdin(host) if callable(stdin) else stdin
 
-    with ThreadPoolExecutor(max_workers=min(64, len(host_list))) as pool:
-        futures = {
-            host: pool.submit(
-                runner, ssh_argv(host, remote, config, connect_timeout_s), timeout_s, stdin_of(host)
-            )
-            for host in host_list
-        }
-    return {host: _with_host(future.result(), host) for host, future in futures.items()}
-
-
-def _with_host(result: SshResult, host: str) -> SshResult:
-    return SshResult(host, result.returncode, result.stdout, result.stderr)
+    finished = parallel.run_all(commands, timeout_s, stdin_of)
+    return {host: SshResult(host, r.returncode, r.stdout, r.stderr) for host, r in finished.items()}
 
 
 def explain_ssh_failure(result: SshResult, port: int) -> str:
@@ -182,32 +147,21 @@ def explain_ssh_failure(result: SshResult, port: int) -> str:
     return f"remote command failed with exit code {result.returncode}: {last}"
 
 
-def sshd_answers(host: str, port: int, timeout_s: float = 2.0) -> bool:
-    """True when something at host:port greets like sshd (a TCP connect alone can be a proxy)."""
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s) as sock:
-            sock.settimeout(timeout_s)
-            return sock.recv(4).startswith(b"SSH-")
-    except OSError:
-        return False
-
-
 def wait_for_sshd(
     hosts: Sequence[str],
     port: int,
     deadline: float,
     clock: Callable[[], float] = time.monotonic,
-    check: Callable[[str, int], bool] = sshd_answers,
 ) -> list[str]:
-    """Poll every host in parallel until all greet or the deadline passes; return those that never did."""
+    """Ask every host at once, round after round, until all greet like sshd or the deadline passes;
+    return those that never did."""
     waiting = list(hosts)
-    with ThreadPoolExecutor(max_workers=min(64, max(1, len(waiting)))) as pool:
-        while waiting:
-            answers = list(pool.map(lambda host: check(host, port), waiting))
-            waiting = [host for host, ok in zip(waiting, answers, strict=True) if not ok]
-            if not waiting or clock() >= deadline:
-                break
-            time.sleep(0.25)
+    while waiting:
+        answered = parallel.greeters(waiting, port)
+        waiting = [host for host in waiting if host not in answered]
+        if not waiting or clock() >= deadline:
+            break
+        time.sleep(0.25)
     return waiting
 
 
@@ -242,59 +196,45 @@ CONTROL_PERSIST_S = 600
 
 
 def open_connections(hosts: Sequence[str], config: Path, timeout_s: float) -> list[str]:
-    """Open one background master connection per node (in parallel) for the sessions to share;
+    """Open one background master connection per node (all at once) for the sessions to share;
     returns the hosts where that failed (their sessions then connect on their own). An idle one ends
     by itself after CONTROL_PERSIST_S, should the master die before closing it."""
-
-    def open_one(host: str) -> bool:
-        argv = [
-            "ssh",
-            "-F",
-            str(config),
-            "-o",
-            "ControlMaster=yes",
-            "-o",
-            f"ControlPersist={CONTROL_PERSIST_S}",
-            "-N",
-            "-f",
-            "--",
-            host,
-        ]
-        try:
-            done = subprocess.run(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                timeout=timeout_s,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            return False
-        return done.returncode == 0
-
-    if not hosts:
-        return []
-    with ThreadPoolExecutor(max_workers=min(64, len(hosts))) as pool:
-        opened = list(pool.map(open_one, hosts))
-    return [host for host, ok in zip(hosts, opened, strict=True) if not ok]
+    options = ["-o", "ControlMaster=yes", "-o", f"ControlPersist={CONTROL_PERSIST_S}", "-N", "-f"]
+    commands = {host: ["ssh", "-F", str(config), *options, "--", host] for host in hosts}
+    # No pipes: the backgrounded master process would hold them open for as long as it lives.
+    finished = parallel.run_all(commands, timeout_s, capture=False)
+    return [host for host, done in finished.items() if done.returncode != 0]
 
 
 def close_connections(hosts: Iterable[str], config: Path) -> None:
     """End the shared connections, all at once (`ssh -O exit` talks to the local master process only:
     it never waits on an unreachable node)."""
+    commands = {host: ["ssh", "-F", str(config), "-O", "exit", "--", host] for host in hosts}
+    parallel.run_all(commands, timeout_s=5)
 
-    def close_one(host: str) -> None:
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            subprocess.run(
-                ["ssh", "-F", str(config), "-O", "exit", "--", host],
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                timeout=5,
-                check=False,
-            )
 
-    targets = list(hosts)
-    if targets:
-        with ThreadPoolExecutor(max_workers=min(64, len(targets))) as pool:
-            list(pool.map(close_one, targets))
+# Writes each file of a JSON {name: text} on stdin into the directory argv[1], owner-only, atomically.
+_WRITE_FILES = (
+    "import json, os, sys\n"
+    "directory = sys.argv[1]\n"
+    "os.makedirs(directory, mode=0o700, exist_ok=True)\n"
+    "for name, text in json.load(sys.stdin).items():\n"
+    "    path = os.path.join(directory, name)\n"
+    "    fd = os.open(path + '.part', os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)\n"
+    "    with os.fdopen(fd, 'w') as out:\n"
+    "        out.write(text)\n"
+    "    os.replace(path + '.part', path)\n"
+)
+
+
+def share_client_config(hosts: Sequence[str], config: Path, python: str, port: int) -> dict[str, str]:
+    """Copy the job's ssh config and the known_hosts it names to the same paths on every host, for
+    an ssh started there (Open MPI's tree spawn starts daemons from other nodes with the master's
+    ssh arguments, `-F` this config included); returns why, by host, where that failed."""
+    files = {config.name: config.read_text()}
+    known_hosts = config.parent / "known_hosts"
+    if known_hosts.is_file():
+        files[known_hosts.name] = known_hosts.read_text()
+    remote = [python, "-c", _WRITE_FILES, str(config.parent)]
+    results = run_on_hosts(hosts, remote, config, timeout_s=30, stdin=json.dumps(files))
+    return {host: explain_ssh_failure(r, port) for host, r in results.items() if not r.ok}

@@ -10,9 +10,12 @@ unlucky scheduling slice on a shared host would pass for a slow device. The stat
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from gaudi_cluster.view.history import WorkHistory
 
 
 @dataclass
@@ -34,9 +37,10 @@ class AgentState:
     max_steps: int | None = None
     samples_per_step: int | None = None
     last_line: str = ""
-    # (step, seconds of this rank's own work): the recent ones for the live view, all for the report.
+    # (step, seconds of this rank's own work): the recent ones for the live view; the whole run,
+    # downsampled to a bounded number of points (view/history), for the report.
     recent_work: tuple[tuple[int, float], ...] = ()
-    work_history: list[tuple[int, float]] = field(default_factory=list, repr=False)
+    work_history: WorkHistory = field(default_factory=WorkHistory, repr=False)
 
     def progress_age_now(self, now: float) -> float | None:
         if self.progress_age is None or self.progress_received is None:
@@ -83,21 +87,39 @@ class StragglerWatch:
 
     def check(self, agents: Sequence[AgentState]) -> list[Straggler]:
         works = {a.rank: w for a in agents if not a.exited and (w := median_work(a)) is not None}
+        ordered = sorted(works.values())  # each rank's "median of the others" is read from this one list
         new: list[Straggler] = []
         for agent in agents:
             mine = works.get(agent.rank)
-            others = [w for rank, w in works.items() if rank != agent.rank]
             newest = agent.recent_work[-1][0] if agent.recent_work else None
-            if mine is None or not others or newest is None or newest == self.judged_step.get(agent.rank):
+            if (
+                mine is None
+                or len(ordered) < 2
+                or newest is None
+                or newest == self.judged_step.get(agent.rank)
+            ):
                 continue
             self.judged_step[agent.rank] = newest
-            typical = statistics.median(others)
+            typical = median_without(ordered, mine)
             slow = typical > 0 and mine > SLOW_RATIO * typical
             self.streak[agent.rank] = self.streak.get(agent.rank, 0) + 1 if slow else 0
             if self.streak[agent.rank] >= SUSTAIN and agent.rank not in self.flagged:
                 self.flagged[agent.rank] = Straggler(agent.host, agent.rank, agent.local_rank, mine, typical)
                 new.append(self.flagged[agent.rank])
         return new
+
+
+def median_without(ordered: Sequence[float], value: float) -> float:
+    """statistics.median of `ordered` (sorted, holding `value`) with one `value` left out, in
+    O(log N): the others' middle is the same list's middle, one place on when it lies past `value`."""
+    gone = bisect.bisect_left(ordered, value)
+    size = len(ordered) - 1
+
+    def other(index: int) -> float:
+        return ordered[index if index < gone else index + 1]
+
+    middle = size // 2
+    return other(middle) if size % 2 else (other(middle - 1) + other(middle)) / 2
 
 
 @dataclass
