@@ -14,7 +14,9 @@ from gaudi_cluster.launch.attempts import (
     renamed,
     trainer_job,
     with_accumulation,
+    zero_problem,
 )
+from gaudi_cluster.launch.restart import zero_stage
 from gaudi_cluster.nodes.find import FoundNodes, with_spares
 from gaudi_cluster.settings.config import resolve_config
 from gaudi_cluster.view.report import AttemptRecord
@@ -134,3 +136,22 @@ def test_elastic_settings_have_environment_equivalents():
              "GAUDI_CLUSTER_TAKE_BACK": "1"}
     )  # fmt: skip
     assert (config.spares, config.min_nodes, config.take_back) == (2, 3, True)
+
+
+def test_zero_partitions_that_cannot_follow_the_new_nodes_stop_the_job_with_what_to_do():
+    replaced = plan_next(NodeSet(("m", "a"), ("s1",)), {"a"}, None, SLOTS)
+    shrunk = plan_next(NodeSet(("m", "a", "b")), {"a"}, 2, SLOTS, TRAINER)
+    same = plan_next(NodeSet(("m", "a")), set(), None, SLOTS)
+    assert zero_problem(0, True, replaced) is None and zero_problem(0, False, shrunk) is None
+    assert "saved only on its own disk" in (zero_problem(2, True, replaced) or "")
+    assert zero_problem(1, False, replaced) is None  # shared storage, same world size: DeepSpeed loads it
+    assert "ds_to_universal.py" in (zero_problem(3, False, shrunk) or "")
+    assert zero_problem(3, True, same) is None
+
+
+def test_the_zero_stage_is_read_from_the_jobs_deepspeed_config(tmp_path):
+    config = tmp_path / "ds.json"
+    config.write_text('{"zero_optimization": {"stage": 2}}')
+    assert zero_stage(("python", "x.py", "--deepspeed", str(config))) == 2
+    assert zero_stage(("python", "x.py", "--deepspeed", str(tmp_path / "missing.json"))) == 0
+    assert zero_stage(("python", "x.py")) == 0

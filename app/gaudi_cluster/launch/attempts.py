@@ -216,3 +216,28 @@ def trainer_job(argv: Sequence[str]) -> bool:
     return any(flag_value(argv, flag) is not None for flag in (PER_DEVICE_FLAG, ACCUMULATION_FLAG)) or any(
         word.endswith("run_clm.py") for word in argv
     )
+
+
+def zero_problem(stage: int, node_local: bool, plan: AttemptPlan) -> str | None:
+    """Why the job's ZeRO checkpoint cannot follow the planned nodes (None: it can).
+
+    ZeRO 1-3 save each data-parallel rank's optimizer partition. With node-local storage a lost
+    node's partitions were only on its disk; with shared storage they survive, but a new world size
+    needs DeepSpeed's universal checkpoint (ds_to_universal.py, then checkpoint.load_universal),
+    which the master does not run for the user. ZeRO 0 (the default job's) saves whole copies."""
+    lost = [lost for lost, _ in plan.replaced] + list(plan.dropped)
+    if stage < 1 or not lost:
+        return None
+    if node_local:
+        return (
+            f"the ZeRO-{stage} optimizer partitions of {', '.join(lost)} were saved only on its own disk "
+            "(node-local checkpoints), so no node can resume them; fix: keep checkpoints on shared "
+            "storage (--shared_output) or use ZeRO stage 0 for a job that must outlive a node"
+        )
+    if plan.batch is not None:
+        return (
+            f"the world size changes ({plan.batch.world_before} -> {plan.batch.world}) and ZeRO-{stage} "
+            "partitions do not fit a new one; fix: convert the checkpoint with DeepSpeed's "
+            'ds_to_universal.py and resume with "checkpoint": {"load_universal": true}, or add --spares'
+        )
+    return None

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Mapping, Sequence
 
+from gaudi_cluster.errors import ClusterNotReady
 from gaudi_cluster.launch import attempts
 from gaudi_cluster.nodes.find import FoundNodes
 from gaudi_cluster.nodes.survey import NodeSurvey
@@ -32,6 +35,9 @@ def next_attempt(
     planned = attempts.plan_next(previous, lost, config.min_nodes, slots, program, names, config.take_back)
     nodes = planned.nodes
     shown = attempts.renamed(planned, names)
+    problem = attempts.zero_problem(zero_stage(program), node_local(program, config), shown)
+    if problem is not None:
+        raise ClusterNotReady(problem)
     lines = [shown.line()] if planned.replaced or planned.dropped else []
     if planned.batch is not None:
         if attempts.trainer_job(program):
@@ -46,3 +52,21 @@ def next_attempt(
     master_addr = survey.master_addr if survey.master_addr in nodes.active else nodes.active[0]
     asked = {host: survey.requested_slots.get(host) for host in (*nodes.active, *spares)}
     return planned, shown, FoundNodes(nodes.active, master_addr, asked, tuple(spares)), program, lines
+
+
+def zero_stage(program: Sequence[str]) -> int:
+    """The ZeRO stage of the job's --deepspeed config (0 when it names none or it cannot be read: the
+    ranks then fail on it themselves, with their own words)."""
+    path = attempts.flag_value(program, "--deepspeed")
+    try:
+        with open(os.path.abspath(path or "")) as fh:
+            section = json.load(fh).get("zero_optimization") or {}
+        return int(section.get("stage", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0
+
+
+def node_local(program: Sequence[str], config: ClusterConfig) -> bool:
+    """Whether each node keeps its own checkpoints (train/arguments.py: unless --shared_output)."""
+    shared = "--shared_output" in program or ("GAUDI_CLUSTER_SHARED_OUTPUT", "1") in config.env
+    return not shared
