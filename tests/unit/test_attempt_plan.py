@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from gaudi_cluster.errors import ClusterNotReady, ConfigError
 from gaudi_cluster.launch.attempts import (
@@ -18,8 +20,10 @@ from gaudi_cluster.launch.attempts import (
 )
 from gaudi_cluster.launch.restart import zero_stage
 from gaudi_cluster.nodes.find import FoundNodes, with_spares
+from gaudi_cluster.nodes.survey import NodeSurvey
 from gaudi_cluster.settings.config import resolve_config
 from gaudi_cluster.view.report import AttemptRecord
+from gaudi_cluster.wire.node_report import NodeReport
 
 SLOTS = {host: 8 for host in ("m", "a", "b", "c", "s1", "s2")}
 TRAINER = ("python", "run_clm.py", "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2")
@@ -155,3 +159,18 @@ def test_the_zero_stage_is_read_from_the_jobs_deepspeed_config(tmp_path):
     assert zero_stage(("python", "x.py", "--deepspeed", str(config))) == 2
     assert zero_stage(("python", "x.py", "--deepspeed", str(tmp_path / "missing.json"))) == 0
     assert zero_stage(("python", "x.py")) == 0
+
+
+def test_a_spare_is_named_by_its_probe_like_every_other_node():
+    survey = NodeSurvey(
+        job_id="j", job_dir=Path("/nonexistent"), ssh_config=None, master_addr="10.0.0.1",
+        local_addr="10.0.0.1",
+        socket_ifname=None, hosts=("10.0.0.1",), requested_slots={}, paths=(),
+        reports={"10.0.0.1": NodeReport("cpu", 1, hostname="master")}, unreachable={},
+        spares=("10.0.0.4",), spare_reports={"10.0.0.4": NodeReport("cpu", 1, hostname="worker-3")},
+    )  # fmt: skip
+    assert [survey.node_name(host) for host in ("10.0.0.1", "10.0.0.4", "10.0.0.9")] == [
+        "master",
+        "worker-3",
+        "10.0.0.9",
+    ]

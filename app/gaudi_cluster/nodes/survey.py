@@ -102,7 +102,7 @@ class NodeSurvey:
 
     def node_name(self, host: str) -> str:
         """The host name a node's ranks report (its probe's), else the name the master reached it by."""
-        report = self.reports.get(host)
+        report = self.reports.get(host) or self.spare_reports.get(host)
         return report.name_or(host) if report else host
 
     def preflight(self, env: Mapping[str, str], min_free_disk: int) -> list[checks.Finding]:
