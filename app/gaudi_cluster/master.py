@@ -8,6 +8,7 @@ the job's lifetime: the control server, the final line, the clean-up on every no
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -23,7 +24,8 @@ from typing import TextIO
 from gaudi_cluster import fabric
 from gaudi_cluster.engines import auto as engine
 from gaudi_cluster.engines import nodewatch
-from gaudi_cluster.launch import plan
+from gaudi_cluster.errors import ClusterNotReady
+from gaudi_cluster.launch import attempts, plan, restart
 from gaudi_cluster.launch.prepare import (
     PreparedJob,
     PrepareSettings,
@@ -34,8 +36,9 @@ from gaudi_cluster.launch.prepare import (
     staged_values,
 )
 from gaudi_cluster.launch.program import DEFAULT_OUTPUT, output_dir, program_from_args, required_paths
-from gaudi_cluster.nodes import cleanup
+from gaudi_cluster.nodes import cleanup, handover
 from gaudi_cluster.nodes.devices import resolve_accelerator
+from gaudi_cluster.nodes.find import FoundNodes
 from gaudi_cluster.nodes.hostfile import render_hostfile
 from gaudi_cluster.nodes.survey import NodeSurvey, SurveySettings, survey_nodes
 from gaudi_cluster.settings.config import ClusterConfig
@@ -71,7 +74,10 @@ def run_master(
     history: list[report.AttemptRecord] = []  # every attempt so far, for the job report
     job: PreparedJob | None = None
     exit_code: int | None = None
-    lost: set[str] = set()
+    lost: set[str] = set()  # node names, for the release at the end
+    newcomers: tuple[str, ...] = ()  # nodes that take a lost node's place and need its checkpoint
+    excluded: tuple[str, ...] = ()  # nodes out for the rest of the job
+    shown: attempts.AttemptPlan | None = None  # how this attempt's nodes came from the last one's
     metrics: MetricsServer | None = None
     callers_threads = set(lifetime.others())  # an embedding program's own threads are not ours
     try:
@@ -89,30 +95,48 @@ def run_master(
                 exit_code = 3
                 return exit_code
             fabric_figures = checked.to_json()
+        chosen: FoundNodes | None = None  # a restart's nodes, planned from the last attempt's
         while True:
-            job = prepare_attempt(config, program, environ, options, attempt)
+            job = prepare_attempt(config, program, environ, options, attempt, chosen)
             if config.dry_run:
                 print_dry_run(job, out)
                 exit_code = 0
                 return exit_code
-            restarts = attempt - 1
-            outcome = run_prepared(job, config, out, metrics, restarts, history, fabric_figures)
-            if outcome.lost_host is not None:
-                lost.add(outcome.lost_host)
+            if newcomers:  # before any rank starts: the nodes that took lost ones' places
+                write_lines(out, handover.deliver(job.survey, newcomers, job.output_dir, config.job_root))
+            lost_names: set[str] = set()
+            outcome = run_prepared(
+                job, config, out, metrics, attempt - 1, history, fabric_figures, lost_names, shown
+            )
+            lost_names |= {outcome.lost_host} if outcome.lost_host else set()
+            lost |= lost_names
             if not should_restart(outcome, attempt, config.max_restarts):
                 exit_code = outcome.exit_code
                 return exit_code
-            out.write(
-                f"gaudi-cluster: restarting the job from its latest checkpoint "
-                f"(restart {attempt} of {config.max_restarts})\n"
+            try:
+                planned, shown, chosen, program, lines = restart.next_attempt(
+                    config, job.survey, job.ranks_by_host, excluded, lost_names, program
+                )
+            except ClusterNotReady as error:
+                write_lines(out, [f"job {job.job_id} stops: {error}"])
+                exit_code = error.exit_code
+                return exit_code
+            again = (
+                f"restarting the job from its latest checkpoint (restart {attempt} of {config.max_restarts})"
             )
-            out.flush()
+            write_lines(out, [*lines, again])
+            excluded, newcomers = planned.nodes.excluded, planned.newcomers
             attempt += 1
     finally:
         nodewatch.release_workers(config, environ, job.ssh_config if job else None, exit_code, skip=lost)
         if metrics is not None:
             metrics.close()
         lifetime.join_all(existing=callers_threads)
+
+
+def write_lines(out: TextIO, lines: Sequence[str]) -> None:
+    out.write("".join(f"gaudi-cluster: {line}\n" for line in lines))
+    out.flush()
 
 
 def raise_open_file_limit() -> None:
@@ -130,6 +154,7 @@ def survey_for(
     program: Sequence[str],
     environ: Mapping[str, str],
     staged: StagedValues | None = None,
+    chosen: FoundNodes | None = None,
 ) -> NodeSurvey:
     """The survey phase for this program: every node found, waited for and probed (and, for a launch,
     the attempt's private values staged on each)."""
@@ -139,6 +164,7 @@ def survey_for(
         environ,
         staged.payload if staged else None,
         job_output_dir(program, environ),
+        chosen,
     )
 
 
@@ -152,10 +178,12 @@ def prepare_attempt(
     environ: Mapping[str, str],
     options: plan.LaunchOptions | None = None,
     attempt: int = 1,
+    chosen: FoundNodes | None = None,
 ) -> PreparedJob:
-    """Survey, then prepare: the attempt's values are staged by the survey, used by the preparation."""
+    """Survey, then prepare: the attempt's values are staged by the survey, used by the preparation.
+    `chosen`: a restart's nodes, as the master planned them (else they are found)."""
     staged = staged_values(config.env_pass, environ)
-    survey = survey_for(config, program, environ, staged)
+    survey = survey_for(config, program, environ, staged, chosen)
     try:
         settings = PrepareSettings.from_config(config)
         return prepare(settings, survey, staged, program, environ, options, attempt)
@@ -173,8 +201,11 @@ def run_prepared(
     restarts: int = 0,
     history: list[report.AttemptRecord] | None = None,
     fabric_figures: str | None = None,
+    lost: set[str] | None = None,
+    planned: attempts.AttemptPlan | None = None,
 ) -> JobOutcome:
-    """Run one attempt under supervision; whatever it leaves behind is reaped on every node."""
+    """Run one attempt under supervision; whatever it leaves behind is reaped on every node. `lost`
+    gets the names of the nodes lost in it; `planned`: how its nodes came from the last attempt's."""
     # Listen only where the ranks reach the master (loopback for a local job), not on every interface.
     server = ControlServer(
         job.control_addr,
@@ -208,7 +239,8 @@ def run_prepared(
     if metrics is not None:
         metrics.follow(lambda: supervisor.figures(restarts))
     supervisor.install_signal_handlers()
-    status = StatusServer(job.job_dir, supervisor.snapshot)
+    spares = [job.survey.node_name(host) for host in job.survey.spares]
+    status = StatusServer(job.job_dir, lambda: {**supervisor.snapshot(), "spares": spares})
     status.start()
     log.info(
         "job %s: %d ranks on %d nodes; launching: %s",
@@ -217,12 +249,17 @@ def run_prepared(
         len(job.ranks_by_host),
         plan.render_shell(job.plan).split("\n")[0],
     )
+    if spares:
+        write_lines(out, [f"job {job.job_id}: spares (idle, no ranks): {', '.join(spares)}"])
     started, launched_at = time.monotonic(), time.time()
     try:
         outcome = supervisor.run()
     finally:
+        ended_at = time.time()
         server.close()
         status.close()
+    if lost is not None:
+        lost |= supervisor.lost_hosts
     try:
         if outcome.leaves_processes:
             cleanup.reap_everywhere(job.survey, config.job_root, config.ssh_port, supervisor.lost_hosts)
@@ -232,7 +269,7 @@ def run_prepared(
                 f"{len(job.ranks_by_host)} nodes in {time.monotonic() - started:.1f}s\n"
             )
             out.flush()
-        write_report(job, outcome, supervisor, launched_at, history, fabric_figures)
+        write_report(job, outcome, supervisor, launched_at, history, fabric_figures, (planned, ended_at))
     finally:
         job.survey.release()
     return outcome
@@ -245,6 +282,7 @@ def write_report(
     launched_at: float,
     history: list[report.AttemptRecord] | None = None,
     fabric_figures: str | None = None,
+    how: tuple[attempts.AttemptPlan | None, float] = (None, 0.0),
 ) -> None:
     """job_report.json and job_report.png next to the job's results (on this node); `history` (the
     attempts before this one) gets this attempt added, with the step rank 0 resumed from."""
@@ -259,9 +297,13 @@ def write_report(
     }
     flagged = supervisor.view.watch.flagged
     if history is not None:
-        resumed = report.resumed_from_step(events)
-        state = outcome.state.value
-        history.append(report.AttemptRecord(job.attempt, job.job_id, state, outcome.exit_code, resumed))
+        survey, (planned, ended_at) = job.survey, how
+        nodes, spares = ([survey.node_name(h) for h in hosts] for hosts in (survey.hosts, survey.spares))
+        state, code = outcome.state.value, outcome.exit_code
+        record = report.AttemptRecord.of(job.attempt, job.job_id, state, code, events, planned, history)
+        history.append(
+            dataclasses.replace(record, nodes=tuple(nodes), spares=tuple(spares), ended_at=ended_at)
+        )
     built = report.build(
         job_id=job.job_id,
         state=outcome.state.value,

@@ -138,6 +138,10 @@ TRIGGERS: list[tuple[str, str, Callable[[], object]]] = [
      lambda: validate_request(req(ssh_cidr="203.0.113.7/32"))),
     ("gaudi_cluster/settings/config.py", "--metrics-port {other}",
      lambda: resolve_config({"metrics_port": "29500"}, {})),
+    ("gaudi_cluster/settings/config.py", "--min-nodes {config.nodes} or less",
+     lambda: resolve_config({"min_nodes": "3", "nodes": "2", "max_restarts": "1"}, {})),
+    ("gaudi_cluster/settings/config.py", "--max-restarts 1 or more",
+     lambda: resolve_config({"spares": "1"}, {})),
 ]  # fmt: skip
 # Sites whose fix value differs from the culprit's by construction: (module, piece, why).
 BY_CONSTRUCTION = [
@@ -146,6 +150,7 @@ BY_CONSTRUCTION = [
     ("gaudi_cluster/aws/ec2.py", "is not an EC2 region", "the input is not a region, the fix is one"),
     ("gaudi_cluster/compat/translate.py", "drop --world_size", "the fix is the hostfile's total, not it"),
     ("gaudi_cluster/launch/launchers.py", "--launcher deepspeed or mpirun", "the input is torchrun"),
+    ("gaudi_cluster/nodes/find.py", "lower --spares", "names no value"),
     ("gaudi_cluster/nodes/find.py", "lower --nodes", "the fix is the count found, below the input"),
     ("gaudi_cluster/nodes/ssh.py", "set --ssh-port", "names no value"),
 ]

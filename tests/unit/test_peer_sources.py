@@ -182,7 +182,7 @@ def test_the_real_world_resolves_reads_and_looks(tmp_path):
 
 
 def settings(**given):
-    fields = {"peers": None, "peers_dns": None, "hostfile": None, "nodes": None, "slots": None}
+    fields = {"peers": None, "peers_dns": None, "hostfile": None, "nodes": None, "slots": None, "spares": 0}
     return SimpleNamespace(**{**fields, "master_addr": None, **given})
 
 

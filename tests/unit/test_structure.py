@@ -40,6 +40,7 @@ PURE = {
     "gaudi_cluster.env.envfile",
     "gaudi_cluster.env.jobenv",
     "gaudi_cluster.env.presets",
+    "gaudi_cluster.launch.attempts",
     "gaudi_cluster.launch.launchers",
     "gaudi_cluster.launch.plan",
     "gaudi_cluster.launch.program",

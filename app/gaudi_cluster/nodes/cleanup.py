@@ -25,7 +25,8 @@ def remove_private_files(survey: NodeSurvey, job_root: str) -> None:
     if survey.ssh_config is None:
         return
     path = str(jobdir.job_dir(job_root, survey.job_id) / jobdir.PRIVATE_FILE)
-    results = ssh.run_on_hosts(survey.hosts, ["rm", "-f", path], survey.ssh_config, timeout_s=10)
+    hosts = (*survey.hosts, *survey.spares)  # a spare's probe staged one too, though it runs no rank
+    results = ssh.run_on_hosts(hosts, ["rm", "-f", path], survey.ssh_config, timeout_s=10)
     for host, result in results.items():
         if not result.ok:
             log.warning(

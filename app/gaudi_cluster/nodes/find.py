@@ -28,13 +28,15 @@ class FindSettings:
     nodes: int | None
     slots: int | None
     master_addr: str | None
+    spares: int = 0  # found beyond --nodes, kept idle to take a lost node's place
 
 
 @dataclass(frozen=True)
 class FoundNodes:
-    hosts: tuple[str, ...]
+    hosts: tuple[str, ...]  # the nodes that run ranks, the leading one first
     master_addr: str
     requested_slots: dict[str, int | None]
+    spares: tuple[str, ...] = ()  # idle nodes, probed with the others
 
 
 def static_count_check(found: int, expected: int | None, source: discovery.PeerSource) -> None:
@@ -70,6 +72,8 @@ def find_nodes(
         return found if every else [p for p in found if p.host not in self_names]
 
     expected = config.nodes if every else (config.nodes - 1 if config.nodes else None)
+    if expected is not None:
+        expected += config.spares
     if source.grows:
         peers = discovery.wait_for_peers(
             discover, expected, max(0.0, deadline - time.monotonic()), source=named
@@ -84,9 +88,24 @@ def find_nodes(
         log.info("--slots %d overrides the slots in the %s", config.slots, named)
     slots = {p.host: config.slots or p.slots for p in peers}
     if every:
-        return FoundNodes(tuple(p.host for p in peers), config.master_addr or peers[0].host, slots)
-    master = config.master_addr or local_addr
-    return FoundNodes((master, *(p.host for p in peers)), master, {master: config.slots, **slots})
+        found = FoundNodes(tuple(p.host for p in peers), config.master_addr or peers[0].host, slots)
+    else:
+        master = config.master_addr or local_addr
+        found = FoundNodes((master, *(p.host for p in peers)), master, {master: config.slots, **slots})
+    return with_spares(found, config.spares)
+
+
+def with_spares(found: FoundNodes, spares: int) -> FoundNodes:
+    """The last `spares` nodes found stay idle; the first one leads, so it always runs ranks."""
+    if not spares:
+        return found
+    if len(found.hosts) <= spares:
+        raise ConfigError(
+            f"--spares {spares} leaves no node to run the job: {len(found.hosts)} found; "
+            "fix: lower --spares or add nodes"
+        )
+    keep = len(found.hosts) - spares
+    return FoundNodes(found.hosts[:keep], found.master_addr, found.requested_slots, found.hosts[keep:])
 
 
 def local_only(nodes: FoundNodes, self_names: set[str]) -> bool:

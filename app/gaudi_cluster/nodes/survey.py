@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gaudi_cluster.env import presets
@@ -77,6 +77,8 @@ class NodeSurvey:
     # HCCL_SOCKET_IFNAME for the HPU presets: given, or the interface routing to the master; None: HCCL's.
     hccl_socket_ifname: str | None = None
     output_dir: str | None = None  # where the job writes (each probe measured its free disk there)
+    spares: tuple[str, ...] = ()  # idle nodes that answered their probe (--spares); no ranks
+    spare_reports: Mapping[str, NodeReport] = field(default_factory=dict)
 
     @property
     def master_report(self) -> NodeReport | None:
@@ -99,7 +101,7 @@ class NodeSurvey:
 
     def node_name(self, host: str) -> str:
         """The host name a node's ranks report (its probe's), else the name the master reached it by."""
-        report = self.reports.get(host)
+        report = self.reports.get(host) or self.spare_reports.get(host)
         return report.name_or(host) if report else host
 
     def preflight(self, env: Mapping[str, str], min_free_disk: int) -> list[checks.Finding]:
@@ -117,7 +119,7 @@ class NodeSurvey:
     def release(self) -> None:
         """Close the shared ssh connections of this survey and remove their sockets (idempotent)."""
         if self.control_dir is not None and self.ssh_config is not None and self.control_dir.exists():
-            ssh.close_connections(self.hosts, self.ssh_config)
+            ssh.close_connections((*self.hosts, *self.spares), self.ssh_config)
             shutil.rmtree(self.control_dir, ignore_errors=True)
 
 
@@ -131,9 +133,11 @@ def survey_nodes(
     environ: Mapping[str, str],
     private: Callable[[str], PrivatePayload] | None = None,
     output_dir: str | None = None,
+    chosen: FoundNodes | None = None,
 ) -> NodeSurvey:
     """Discover, wait for and probe every node under the one --wait-timeout deadline; `private` (for
-    each node: its key, the variables forwarded privately) is staged into that node's private file."""
+    each node: its key, the variables forwarded privately) is staged into that node's private file.
+    `chosen`: the nodes of a restart (the master's plan), used as they are instead of discovering."""
     started = time.monotonic()
     deadline = started + config.wait_timeout
     local_interfaces = probe.interfaces()
@@ -143,7 +147,7 @@ def survey_nodes(
         socket.gethostname(),
     )
     self_names = world.self_names(local_interfaces) | {local_addr}
-    nodes = find_nodes(config.find, environ, self_names, local_addr, deadline, world.REAL_WORLD)
+    nodes = chosen or find_nodes(config.find, environ, self_names, local_addr, deadline, world.REAL_WORLD)
     local = local_only(nodes, self_names)
     if local:
         host = nodes.hosts[0]
@@ -151,7 +155,8 @@ def survey_nodes(
         local_addr, socket_ifname = LOOPBACK, config.socket_ifname
         log.info("one node, this one (%s): launching locally, no ssh", host)
     else:
-        log.info("nodes: %s (found in %.1fs)", ", ".join(nodes.hosts), time.monotonic() - started)
+        spares = f"; spares: {', '.join(nodes.spares)}" if nodes.spares else ""
+        log.info("nodes: %s%s (found in %.1fs)", ", ".join(nodes.hosts), spares, time.monotonic() - started)
     common = {
         "this_node": next((host for host in nodes.hosts if host in self_names), None),
         "master_addr": nodes.master_addr,
@@ -202,6 +207,11 @@ def survey_nodes(
         )
 
     silent = ssh.wait_for_sshd(nodes.hosts, config.ssh_port, deadline)
+    # A spare is not waited for: one that does not answer now is dropped, never delays the job.
+    silent_spares = ssh.wait_for_sshd(nodes.spares, config.ssh_port, time.monotonic()) if nodes.spares else []
+    spares = [host for host in nodes.spares if host not in silent_spares]
+    if silent_spares:
+        log.warning("spare(s) %s: sshd did not answer; left out", ", ".join(silent_spares))
     if silent:
         raise ClusterNotReady(
             f"sshd did not answer on port {config.ssh_port} within {config.wait_timeout:.0f}s on: "
@@ -223,18 +233,28 @@ def survey_nodes(
     ssh_config = ssh.write_ssh_config(
         job_dir, config.ssh_port, identity, control_dir=control_dir, host_key=host_key
     )
-    ssh.open_connections(nodes.hosts, ssh_config, max(5.0, deadline - time.monotonic()))
+    everyone = (*nodes.hosts, *spares)
+    ssh.open_connections(everyone, ssh_config, max(5.0, deadline - time.monotonic()))
     reports, unreachable = probe_nodes(
-        config, nodes.hosts, paths, ssh_config, environ, deadline, job_id, private, output_dir
+        config, everyone, paths, ssh_config, environ, deadline, job_id, private, output_dir
     )
+    failed = [host for host in spares if host in unreachable]
+    if failed:
+        log.warning(
+            "spare(s) %s: probe failed; left out", ", ".join(f"{h} ({unreachable[h]})" for h in failed)
+        )
+        ssh.close_connections(failed, ssh_config)
+    spare_reports = {host: reports.pop(host) for host in spares if host in reports}
     return NodeSurvey(
         job_id=job_id,
         job_dir=job_dir,
         ssh_config=ssh_config,
         paths=tuple(paths),
         reports=reports,
-        unreachable=unreachable,
+        unreachable={host: why for host, why in unreachable.items() if host in nodes.hosts},
         control_dir=control_dir,
+        spares=tuple(spare_reports),
+        spare_reports=spare_reports,
         **common,
     )
 

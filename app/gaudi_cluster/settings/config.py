@@ -179,6 +179,15 @@ class ClusterConfig:
     fabric_timeout: float = setting(
         30.0, seconds, "seconds each fabric test may take before its node counts as silent", "60"
     )
+    spares: int = setting(
+        0, non_negative_int, "find and probe N nodes beyond --nodes, idle; one takes a lost node's place", "1"
+    )
+    min_nodes: int | None = setting(
+        None, positive_int, "with no spare left, restart on the nodes that remain while at least M", "2"
+    )
+    take_back: bool = setting(
+        False, parse_bool, "a lost node that answers again may rejoin a later attempt", "1", switch=True
+    )
     exclude: str = setting(
         "",
         text,
@@ -315,7 +324,21 @@ def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str]) -> Clus
             f"--metrics-port {config.metrics_port} is also the rendezvous or the control port; "
             f"fix: --metrics-port {other} (any port other than {taken[0]} and {taken[1]})"
         )
+    _check_elastic(config)
     return config
+
+
+def _check_elastic(config: ClusterConfig) -> None:
+    """--min-nodes and --spares against the node count they shrink or grow from."""
+    if config.min_nodes is not None and config.nodes is not None and config.min_nodes > config.nodes:
+        raise ConfigError(
+            f"--min-nodes {config.min_nodes} is above the job's {config.nodes} nodes (--nodes); "
+            f"fix: --min-nodes {config.nodes} or less"
+        )
+    if (config.spares or config.min_nodes) and config.max_restarts == 0:
+        raise ConfigError(
+            "--spares and --min-nodes act on a restart but --max-restarts is 0; fix: --max-restarts 1 or more"
+        )
 
 
 def _example(source: str, s: Setting) -> str:

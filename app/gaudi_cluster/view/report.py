@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from gaudi_cluster.launch.attempts import AttemptPlan
 from gaudi_cluster.wire.node_report import NodeReport
 
 log = logging.getLogger("gaudi_cluster.view.report")
@@ -50,27 +51,73 @@ def phase_timings(points: Mapping[str, float | None]) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class AttemptRecord:
-    """One attempt of the job as the report lists it: how it ended and the step its ranks resumed from
-    (0: from scratch; None: the ranks never chose, e.g. the attempt failed before)."""
+    """One attempt of the job as the report lists it: how it ended, the step its ranks resumed from
+    (0: from scratch; None: the ranks never chose, e.g. the attempt failed before), its nodes and
+    idle spares (node names), the lost nodes a spare replaced or nobody did (the job shrank), the
+    batch change that came with it, and the time lost: the previous attempt's end (the lost node
+    noticed) to this attempt's first training step."""
 
     attempt: int
     job: str
     state: str
     exit_code: int
     resumed_from_step: int | None
+    nodes: tuple[str, ...] = ()
+    spares: tuple[str, ...] = ()
+    replaced: tuple[tuple[str, str], ...] = ()  # (lost node, the spare in its place)
+    dropped: tuple[str, ...] = ()
+    batch: str | None = None
+    time_lost_s: float | None = None
+    ended_at: float | None = None  # wall clock
+
+    @classmethod
+    def of(
+        cls,
+        attempt: int,
+        job: str,
+        state: str,
+        exit_code: int,
+        events: Sequence[Mapping[str, Any]],
+        planned: AttemptPlan | None,
+        history: Sequence[AttemptRecord],
+    ) -> AttemptRecord:
+        """This attempt's record from its events and the plan that chose its nodes."""
+        since = history[-1].ended_at if history else None
+        # the events file may hold earlier attempts' events too: this attempt's come after `since`
+        firsts = [e["t"] for e in events if e.get("event") == "first_step" and isinstance(e.get("t"), float)]
+        first = next((t for t in sorted(firsts) if since is None or t > since), None)
+        lost_s = round(float(first) - since, 1) if since is not None and first is not None else None
+        return cls(
+            attempt,
+            job,
+            state,
+            exit_code,
+            resumed_from_step(events),
+            replaced=planned.replaced if planned else (),
+            dropped=planned.dropped if planned else (),
+            batch=planned.batch.line() if planned and planned.batch else None,
+            time_lost_s=lost_s,
+        )
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> AttemptRecord:
-        step = data.get("resumed_from_step")
+        step, lost, ended = data.get("resumed_from_step"), data.get("time_lost_s"), data.get("ended_at")
         return cls(
             int(data["attempt"]),
             str(data["job"]),
             str(data["state"]),
             int(data["exit_code"]),
             None if step is None else int(step),
+            tuple(data.get("nodes", ())),
+            tuple(data.get("spares", ())),
+            tuple((str(a), str(b)) for a, b in data.get("replaced", ())),
+            tuple(data.get("dropped", ())),
+            data.get("batch"),
+            None if lost is None else float(lost),
+            None if ended is None else float(ended),
         )
 
 

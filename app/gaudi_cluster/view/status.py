@@ -108,6 +108,8 @@ def main(job_root: Path, job_id: str | None, as_json: bool, out: TextIO = sys.st
         return 0
     out.write(f"job {snapshot['job']}: {snapshot['state']} · {snapshot['line']}\n\n")
     out.write(render_table(snapshot["ranks"]) + "\n")
+    if snapshot.get("spares"):  # --spares: probed, idle, ready to take a lost node's place
+        out.write(f"spares (idle, no ranks): {', '.join(snapshot['spares'])}\n")
     for line in snapshot.get("stragglers", []):
         out.write(f"\n{line}\n")
     return 0

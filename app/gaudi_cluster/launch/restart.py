@@ -1,0 +1,72 @@
+"""The nodes and the program of a restart, from the attempt that failed (the plan is launch/attempts)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+
+from gaudi_cluster.errors import ClusterNotReady
+from gaudi_cluster.launch import attempts
+from gaudi_cluster.nodes.find import FoundNodes
+from gaudi_cluster.nodes.survey import NodeSurvey
+from gaudi_cluster.settings.config import ClusterConfig
+
+
+def next_attempt(
+    config: ClusterConfig,
+    survey: NodeSurvey,
+    ranks_by_host: Mapping[str, int],
+    excluded: tuple[str, ...],
+    lost: set[str],
+    program: Sequence[str],
+) -> tuple[attempts.AttemptPlan, attempts.AttemptPlan, FoundNodes, Sequence[str], list[str]]:
+    """(the plan, the same by node names, the nodes the next survey uses as they are, its program,
+    lines for the console).
+
+    Lost nodes are out, spares take their places, the batch is kept through accumulation where the
+    program takes transformers' flags; ClusterNotReady when fewer than --min-nodes are left. `lost`:
+    the names of the nodes lost (the failure's host, the supervisor's lost hosts)."""
+    by_name = {survey.node_name(host): host for host in (*survey.hosts, *survey.spares)}
+    lost = {by_name.get(name, name) for name in lost}  # the ranks name their node as its probe did
+    previous = attempts.NodeSet(survey.hosts, survey.spares, excluded)
+    slots = {**{host: r.slots for host, r in survey.spare_reports.items()}, **ranks_by_host}
+    names = {host: name for name, host in by_name.items()}
+    planned = attempts.plan_next(previous, lost, config.min_nodes, slots, program, names, config.take_back)
+    nodes = planned.nodes
+    shown = attempts.renamed(planned, names)
+    problem = attempts.zero_problem(zero_stage(program), node_local(program, config), shown)
+    if problem is not None:
+        raise ClusterNotReady(problem)
+    lines = [shown.line()] if planned.replaced or planned.dropped else []
+    if planned.batch is not None:
+        if attempts.trainer_job(program):
+            program = attempts.with_accumulation(program, planned.batch.accumulation)
+            lines.append(planned.batch.line())
+        else:
+            lines.append(
+                f"world size {planned.batch.world_before} -> {planned.batch.world}; the job's own batch "
+                "flags are unknown, so its global batch changes with it"
+            )
+    spares = nodes.spares  # a spare that does not answer the next survey is left out there
+    master_addr = survey.master_addr if survey.master_addr in nodes.active else nodes.active[0]
+    asked = {host: survey.requested_slots.get(host) for host in (*nodes.active, *spares)}
+    return planned, shown, FoundNodes(nodes.active, master_addr, asked, tuple(spares)), program, lines
+
+
+def zero_stage(program: Sequence[str]) -> int:
+    """The ZeRO stage of the job's --deepspeed config (0 when it names none or it cannot be read: the
+    ranks then fail on it themselves, with their own words)."""
+    path = attempts.flag_value(program, "--deepspeed")
+    try:
+        with open(os.path.abspath(path or "")) as fh:
+            section = json.load(fh).get("zero_optimization") or {}
+        return int(section.get("stage", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0
+
+
+def node_local(program: Sequence[str], config: ClusterConfig) -> bool:
+    """Whether each node keeps its own checkpoints (train/arguments.py: unless --shared_output)."""
+    shared = "--shared_output" in program or ("GAUDI_CLUSTER_SHARED_OUTPUT", "1") in config.env
+    return not shared
