@@ -47,7 +47,7 @@ from gaudi_cluster.supervise.console import RANKS_DIR, RankLogs
 from gaudi_cluster.supervise.control import ControlServer
 from gaudi_cluster.supervise.outcome import JobOutcome, should_restart
 from gaudi_cluster.supervise.supervisor import Supervisor, SupervisorPhase, SupervisorSettings
-from gaudi_cluster.view import report
+from gaudi_cluster.view import report, report_plot
 from gaudi_cluster.view.metrics import MetricsServer
 from gaudi_cluster.view.status import StatusServer
 
@@ -233,7 +233,7 @@ def run_prepared(
         settings,
         out,
         on_all_started=lambda: cleanup.remove_private_files(job.survey, config.job_root),
-        on_first_step=report.warm_up_plotting,
+        on_first_step=report_plot.warm_up_plotting,
         rank_logs=RankLogs(job.job_dir / RANKS_DIR),
     )
     if metrics is not None:

@@ -6,7 +6,7 @@ import json
 import random
 from pathlib import Path
 
-from gaudi_cluster.view import report
+from gaudi_cluster.view import report, report_plot
 from gaudi_cluster.view.history import WorkHistory
 
 
@@ -22,7 +22,7 @@ def job(ranks: int, per_node: int, slow: dict[int, float], steps: int = 3000) ->
 def test_nodes_get_the_median_and_the_max_of_their_ranks_step_by_step():
     histories = job(64, 8, {37: 0.9})
     hosts = {rank: f"node-{rank // 8:02d}" for rank in histories}
-    series = {s.host: s for s in report.node_series(histories, hosts)}
+    series = {s.host: s for s in report_plot.node_series(histories, hosts)}
     assert sorted(series) == [f"node-{i:02d}" for i in range(8)]
     slow_node, calm_node = series["node-04"], series["node-00"]
     assert len(slow_node.steps) == len(histories[37]) and slow_node.steps == tuple(s for s, _ in histories[0])
@@ -61,9 +61,9 @@ def test_a_small_job_keeps_one_line_per_rank(tmp_path: Path, monkeypatch):
     def drawing(name: str):
         return lambda ax, *_: (drawn.append(name), ax.plot([0], [0], label=name))
 
-    monkeypatch.setattr(report, "_plot_nodes", drawing("nodes"))
-    monkeypatch.setattr(report, "_plot_ranks", drawing("ranks"))
+    monkeypatch.setattr(report_plot, "_plot_nodes", drawing("nodes"))
+    monkeypatch.setattr(report_plot, "_plot_ranks", drawing("ranks"))
     small = {0: [(1, 0.4), (2, 0.41)], 1: [(1, 0.9), (2, 0.95)]}
-    assert report.plot(small, {1}, tmp_path / "a.png", {0: "m", 1: "w"})
-    assert report.plot(job(17, 8, {}, steps=10), set(), tmp_path / "b.png", {r: "h" for r in range(17)})
+    assert report_plot.plot(small, {1}, tmp_path / "a.png", {0: "m", 1: "w"})
+    assert report_plot.plot(job(17, 8, {}, steps=10), set(), tmp_path / "b.png", {r: "h" for r in range(17)})
     assert drawn == ["ranks", "nodes"]
