@@ -36,41 +36,10 @@ from typing import Any
 from gaudi_cluster.wire import protocol
 from gaudi_cluster.wire.channel import LineBuffer, decode, encode
 
+from gaudi_cluster_dev.swarm_plan import SwarmPlan
+
 RETRY_S = 0.5  # as the real agent: a refused or cut handshake is tried again after this
 _OVER = ("done", "reset")
-
-
-@dataclass(frozen=True)
-class SwarmPlan:
-    """The seats a master expects from a swarm of `nodes` x `per_node` ranks."""
-
-    nodes: int
-    per_node: int = 8
-
-    @property
-    def ranks(self) -> int:
-        return self.nodes * self.per_node
-
-    def node(self, i: int) -> str:
-        return f"swarm-node-{i}"
-
-    def host(self, i: int) -> str:
-        return f"swarm-host-{i}"
-
-    def address(self, i: int) -> str:
-        return f"127.1.{i // 250}.{i % 250 + 1}"
-
-    def expected(self) -> dict[int, str]:
-        return {rank: self.host(rank // self.per_node) for rank in range(self.ranks)}
-
-    def rank_nodes(self) -> dict[int, str]:
-        return {rank: self.node(rank // self.per_node) for rank in range(self.ranks)}
-
-    def addresses(self) -> dict[str, set[str]]:
-        return {self.node(i): {self.address(i)} for i in range(self.nodes)}
-
-    def slots_by_host(self) -> dict[str, int]:
-        return {self.host(i): self.per_node for i in range(self.nodes)}
 
 
 @dataclass
@@ -107,6 +76,7 @@ class Swarm:
         self.timers: list[tuple[float, int, str]] = []  # (when, rank, what): beats and retries
         self.counts = Counts()
         self.told_all = self.welcomed_all = False
+        self.quitting = False  # SIGTERM: end the loop, the report is still written
         self.left = plan.ranks  # ranks not yet done (stopped, exited, closed by the master) or reset
         self.last_stop = 0.0
 
@@ -262,7 +232,7 @@ class Swarm:
             self.connect(rank)
         self.say("started", ranks=self.plan.ranks)
         pending, going = "", True
-        while going and self.left and time.monotonic() < end:
+        while going and self.left and not self.quitting and time.monotonic() < end:
             wait = 0.1 if not self.timers else min(0.1, max(0.0, self.timers[0][0] - time.monotonic()))
             for key, _ in self.selector.select(wait):
                 if key.data == "stdin":
@@ -308,8 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the report below is still written
     swarm = Swarm(SwarmPlan(args.nodes, args.per_node), args.port, args.job, os.environ["SWARM_SECRET"])
+    signal.signal(signal.SIGTERM, lambda *_: setattr(swarm, "quitting", True))
     try:
         swarm.run(args.deadline, sys.stdin if args.steer else None)
     finally:
