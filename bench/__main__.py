@@ -6,7 +6,8 @@ the table.
   python -m bench --repeat 5           override every repetition count
 Names: render, control, floor, image, throughput, launch (time to first step + overhead), failure, scale,
 fabric (the fabric check's wall time and bandwidth beside a plain all-reduce loop), save (a checkpoint save
-with issue 24's steps beside the save before them).
+with issue 24's steps beside the save before them), swarm (the control plane at 64-1,000 nodes x 8 simulated
+ranks, beside the old server).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import control, fabric, failure, floor, image, launch, report, save, scale, throughput
+from bench import control, fabric, failure, floor, image, launch, report, save, scale, swarm, throughput
 from bench.common import ROOT, WORK, Ctx, Row, cpu_count, failed_row, image_present, load_average, log
 from bench.nodes import sweep
 
@@ -43,6 +44,7 @@ SUITE: dict[str, tuple[Callable[[Ctx], list[Row]], float, float, bool]] = {
     "failure": (failure.run, 430, 200, True),
     "scale": (lambda ctx: scale.run(ctx, RESULTS), 150, 60, True),
     "fabric": (fabric.run, 240, 120, True),
+    "swarm": (swarm.run, 480, 120, False),  # 64, 256, 1,000 nodes x 8 swarm ranks, ours and the old server
 }
 
 
