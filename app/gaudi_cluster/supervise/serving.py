@@ -116,6 +116,8 @@ class SelectorServer:
                     wait = min(wait, self._accept_again_at - time.monotonic())
                 for key, mask in self._selector.select(max(0.0, wait)):
                     self._ready(key.data, mask)
+                    if self._commands:  # a stop goes out before the rest of a burst of thousands is read
+                        self._run_commands()
                 self._run_commands()
                 now = time.monotonic()
                 if self._accept_again_at is not None and now >= self._accept_again_at:
