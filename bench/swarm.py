@@ -29,6 +29,7 @@ from bench.swarm_rows import build
 
 JOB = "20261202-000000-swarm0"
 SIZES = (64, 256, 1000)
+ONLY = tuple(int(n) for n in os.environ.get("SWARM_SIZES", "").split(",") if n)  # a rerun of some sizes
 PER_NODE = 8
 HEARTBEAT_S = 10.0  # the default --heartbeat-timeout
 STEADY_S = 20.0
@@ -185,6 +186,8 @@ class _Run:
             try:
                 if process is self.swarm:
                     self.tell("quit")
+                elif process.poll() is None:
+                    process.terminate()  # a run cut short (check-in capped): the master is done
                 process.wait(timeout=30)
             except (OSError, subprocess.TimeoutExpired):
                 process.kill()
@@ -212,7 +215,11 @@ def one_run(app: Path, nodes: int, scenario: str, straggler_check: bool = True) 
             wall = time.monotonic() - wall0
             figures["master_cpu_pct"] = (_cpu_s(run.master.pid) - master0) / wall * 100
             figures["swarm_cpu_pct"] = (_cpu_s(run.swarm.pid) - swarm0) / wall * 100
-            figures.update({f"master_{k}": v for k, v in _footprint(run.master.pid).items()})
+            if run.master.poll() is None:
+                figures.update({f"master_{k}": v for k, v in _footprint(run.master.pid).items()})
+            else:  # ended before the window did: its figures would be a dead process's
+                del figures["master_cpu_pct"]
+                figures["master_died_at_s"] = time.monotonic() - started
         if figures.get("checkin_capped"):
             return figures
         run.tell(f"{scenario} {VICTIM}")
@@ -221,7 +228,8 @@ def one_run(app: Path, nodes: int, scenario: str, straggler_check: bool = True) 
         figures[f"{scenario}_named_s"] = named["at"] - cut
         figures["named_line"] = named["line"]
         stop = run.wait("master", "stop_all", 30)["at"]
-        figures["stop_all_s"] = run.wait("swarm", "stopped", 30)["last"] - stop
+        told = run.wait("swarm", "stopped", 30)
+        figures["stop_all_s"], figures["first_stop_s"] = told["last"] - stop, told["first"] - stop
         run.wait("master", "done", 60)
     finally:
         counts = run.end()
@@ -246,13 +254,15 @@ def run(ctx: Ctx) -> list[Row]:
         results[(side, nodes, scenario if straggler_check else f"{scenario}, no straggler check")] = found
         log(f"swarm: {json.dumps(found)[:400]}")
 
-    for nodes in SIZES:
+    for nodes in ONLY or SIZES:
         for scenario in ("reset", "silence"):
             for side in apps:  # interleaved: ours, then the old server, at the same size
                 if not results.get((side, nodes, "reset"), {}).get("checkin_capped"):
                     measure(side, nodes, scenario)
-    measure("ours", SIZES[-1], "reset", straggler_check=False)
-    return build(results, SIZES, PER_NODE, HEARTBEAT_S, CHECKIN_CAP_S)
+    if SIZES[-1] in (ONLY or SIZES):
+        measure("ours", SIZES[-1], "reset", straggler_check=False)
+        measure("ours", SIZES[-1], "silence", straggler_check=False)
+    return build(results, ONLY or SIZES, PER_NODE, HEARTBEAT_S, CHECKIN_CAP_S)
 
 
 def main(argv: list[str] | None = None) -> int:

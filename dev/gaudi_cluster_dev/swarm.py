@@ -78,7 +78,7 @@ class Swarm:
         self.told_all = self.welcomed_all = False
         self.quitting = False  # SIGTERM: end the loop, the report is still written
         self.left = plan.ranks  # ranks not yet done (stopped, exited, closed by the master) or reset
-        self.last_stop = 0.0
+        self.first_stop = self.last_stop = 0.0
 
     def say(self, event: str, **fields: Any) -> None:
         self.out.write(json.dumps({"event": event, "at": time.monotonic(), **fields}) + "\n")
@@ -177,6 +177,7 @@ class Swarm:
             elif message.get("type") == "stop":
                 self.counts.stops += 1
                 self.last_stop = time.monotonic()
+                self.first_stop = self.first_stop or self.last_stop
                 exit_ = {"type": "exit", "code": 143, "signal": 15, "tail": [], "stop_reason": "stopped"}
                 self.send(rank, exit_)
                 self.drop(rank, "done")
@@ -262,7 +263,7 @@ class Swarm:
         told = self.counts.stops
         if told and not self.told_all and told + self.counts.reset >= self.counts.welcomed:
             self.told_all = True
-            self.say("stopped", ranks=told, last=self.last_stop)
+            self.say("stopped", ranks=told, first=self.first_stop, last=self.last_stop)
 
 
 def main(argv: list[str] | None = None) -> int:
