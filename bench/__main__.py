@@ -7,7 +7,8 @@ the table.
 Names: render, control, floor, image, throughput, launch (time to first step + overhead), failure, scale,
 fabric (the fabric check's wall time and bandwidth beside a plain all-reduce loop), save (a checkpoint save
 with issue 24's steps beside the save before them), report (the final report of 8,000 ranks x 50,000 steps:
-peak memory beside the base commit's).
+peak memory beside the base commit's), swarm (the control plane at 64-1,000 nodes x 8 simulated ranks,
+beside the old server), elastic (a node killed -> first step on the nodes left, beside torchrun's agent).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 
 from bench import (
     control,
+    elastic,
     fabric,
     failure,
     floor,
@@ -35,12 +37,12 @@ from bench import (
     report_scale,
     save,
     scale,
+    swarm,
     throughput,
 )
 from bench.common import ROOT, WORK, Ctx, Row, cpu_count, failed_row, image_present, load_average, log
 from bench.nodes import sweep
 
-DEFAULT_BUDGET = 26 * 60.0
 RESULTS = Path(__file__).resolve().parent / "results"
 
 # name -> (runner, share of the time budget in seconds, least seconds one run needs, needs the image).
@@ -57,7 +59,11 @@ SUITE: dict[str, tuple[Callable[[Ctx], list[Row]], float, float, bool]] = {
     "scale": (lambda ctx: scale.run(ctx, RESULTS), 150, 60, True),
     "fabric": (fabric.run, 240, 120, True),
     "report": (report_scale.run, 150, 90, False),  # the final report at 8,000 ranks: peak RSS, ours vs base
+    "swarm": (swarm.run, 480, 120, False),  # 64, 256, 1,000 nodes x 8 swarm ranks, ours and the old server
+    "elastic": (elastic.run, 900, 400, True),  # a node killed -> next attempt's first step, ours vs torchrun
 }
+# The whole suite's budget: every share in full (about 56 min on 2 cores).
+DEFAULT_BUDGET = float(sum(share for _runner, share, _least, _image in SUITE.values()))
 
 
 def machine() -> str:
@@ -110,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     has_image = image_present(args.image)
     share_end = started
+    bench_of: dict[str, str] = {}  # row key -> the bench that measured it (keys need not share its name)
     try:
         for name in names:
             runner, share, estimate, needs_image = SUITE[name]
@@ -133,9 +140,11 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{name}: starting (load average {load_average()})")
             t = time.time()
             try:
-                rows += runner(ctx)
+                produced = runner(ctx)
             except Exception as exc:
-                rows.append(failed_row(name, name, f"{type(exc).__name__}: {str(exc)[:600]}"))
+                produced = [failed_row(name, name, f"{type(exc).__name__}: {str(exc)[:600]}")]
+            bench_of.update(dict.fromkeys((row.key for row in produced), name))
+            rows += produced
             log(f"{name}: done in {time.time() - t:.0f}s")
     finally:
         sweep()
@@ -153,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         "repeat": args.repeat,
         "notes": notes,
     }
-    rows = report.write(RESULTS, rows, meta, merge=bool(args.only))
+    rows = report.write(RESULTS, rows, meta, merge=bool(args.only), bench_of=bench_of)
     print(report.plain_table(rows))
     print(f"\n{RESULTS / 'latest.md'} ({meta['duration_s']:.0f}s)")
     return 0

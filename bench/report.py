@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 from bench.common import Row, Stat, row_from_dict
@@ -110,20 +111,29 @@ def plain_table(rows: list[Row]) -> str:
     return "\n".join(out)
 
 
-def write(results_dir: Path, rows: list[Row], meta: dict, merge: bool) -> list[Row]:
+def write(
+    results_dir: Path, rows: list[Row], meta: dict, merge: bool, bench_of: Mapping[str, str] | None = None
+) -> list[Row]:
     """Write latest.json and latest.md. With merge (--only), rows of earlier runs that were not re-measured
     are kept (marked with their own date in the JSON)."""
     results_dir.mkdir(parents=True, exist_ok=True)
-    data = {"meta": meta, "rows": [{**r.as_dict(), "measured": meta["date"]} for r in rows]}
+    bench_of = bench_of or {}
+    data = {
+        "meta": meta,
+        "rows": [
+            {**r.as_dict(), "measured": meta["date"], "bench": bench_of.get(r.key, r.key.split(".")[0])}
+            for r in rows
+        ],
+    }
     if merge and (results_dir / "latest.json").exists():
         try:
             old = json.loads((results_dir / "latest.json").read_text())
             fresh = {r["key"]: r for r in data["rows"]}
-            benches = {k.split(".")[0] for k in fresh}  # a re-run bench replaces all its old rows
+            benches = {r["bench"] for r in fresh.values()}  # a re-run bench replaces all its old rows
             merged = [
                 fresh.pop(r["key"], r)
                 for r in old.get("rows", [])
-                if r["key"] in fresh or r["key"].split(".")[0] not in benches
+                if r["key"] in fresh or r.get("bench", r["key"].split(".")[0]) not in benches
             ]
             data["rows"] = merged + list(fresh.values())
             rows = [row_from_dict(r) for r in data["rows"]]

@@ -116,46 +116,84 @@ class Gate:
 
     # --- the handshake --------------------------------------------------------------------------
 
+    def handshake(self, peer: str, seated: Callable[[int], bool]) -> Handshake:
+        """The master's side of one connection's handshake, to be driven by the lines it receives."""
+        return Handshake(self, peer, seated)
+
     def admit(self, channel: Channel, peer: str, seated: Callable[[int], bool]) -> Seat:
-        """The master's side of the handshake; Refused unless the peer holds the key of a node this
-        attempt launched, claims a seat of that node, and connects from that node's address."""
-        nonce = protocol.new_nonce()
+        """The same handshake on a blocking channel (a master of one agent, as in tests)."""
+        handshake = self.handshake(peer, seated)
         channel.settimeout(protocol.HANDSHAKE_TIMEOUT_S)
-        channel.send({"type": "challenge", "nonce": nonce, "job": self.job_id})
-        hello = _next(channel, "hello")
-        if hello["job"] != self.job_id:
+        channel.send(handshake.challenge)
+        while True:
+            message = channel.receive()
+            if message is None:
+                raise handshake.ended(channel.close_reason)
+            answer = handshake.receive(message)
+            if isinstance(answer, Seat):
+                return answer
+            channel.send(answer)
+
+
+class Handshake:
+    """One connection's way in, step by step: the challenge is sent at once; then each line the peer
+    sends is answered (its hello with the welcome) until its proof makes it a Seat. Every misstep
+    raises Refused: the caller answers it with a refusal and closes the connection."""
+
+    def __init__(self, gate: Gate, peer: str, seated: Callable[[int], bool]) -> None:
+        self._gate, self._peer, self._seated = gate, peer, seated
+        self._nonce = protocol.new_nonce()
+        self.challenge = {"type": "challenge", "nonce": self._nonce, "job": gate.job_id}
+        self.due = "hello"
+        self._hello: dict[str, Any] = {}
+        self._key = ""
+
+    def ended(self, why: str) -> Refused:
+        """What to log of a connection that ended (or ran out of time) before its handshake did."""
+        return Refused(f"no {self.due} within {protocol.HANDSHAKE_TIMEOUT_S:.0f}s ({why})")
+
+    def receive(self, message: Any) -> dict[str, Any] | Seat:
+        why = protocol.problem(message)
+        if why is None and message["type"] != self.due:
+            why = f"{message['type']} where a {self.due} was due"
+        if why is not None:
+            raise Refused(why)
+        if self.due == "hello":
+            welcome = self._welcome(message)
+            self._hello, self.due = message, "proof"
+            return welcome
+        return self._seat(message)
+
+    def _names(self, hello: Mapping[str, Any]) -> tuple[str, str, str, str, str, int]:
+        return (self._nonce, hello["nonce"], self._gate.job_id, hello["node"], hello["host"], hello["rank"])
+
+    def _welcome(self, hello: Mapping[str, Any]) -> dict[str, Any]:
+        gate = self._gate
+        if hello["job"] != gate.job_id:
             raise Refused(f"hello for another job ({hello['job'][:40]!r})")
         rank, host, node = hello["rank"], hello["host"], hello["node"]
-        if self._expected.get(rank) != host or self._nodes.get(rank) != node:
+        if gate._expected.get(rank) != host or gate._nodes.get(rank) != node:
             raise Refused(
                 f"rank {rank} on host {host[:64]!r} (node {node[:64]!r}) was not launched by this job"
             )
-        if self._checks_addresses and peer not in self._addresses.get(node, ()):
-            raise Refused(f"rank {rank} claims node {node[:64]!r} but connects from {peer}, not its address")
-        if seated(rank):  # said before the welcome: the agent learns it while it still listens
+        if gate._checks_addresses and self._peer not in gate._addresses.get(node, ()):
+            raise Refused(
+                f"rank {rank} claims node {node[:64]!r} but connects from {self._peer}, not its address"
+            )
+        if self._seated(rank):  # said before the welcome: the agent learns it while it still listens
             raise Refused(f"rank {rank} is already connected")
-        key = protocol.node_key(self._secret, node)
-        names = (nonce, hello["nonce"], self.job_id, node, host, rank)
-        channel.send({"type": "welcome", "mac": protocol.welcome_mac(key, *names)})
-        proof = _next(channel, "proof")
-        if not protocol.same_mac(protocol.proof_mac(key, *names), proof["mac"]):
-            raise Refused(f"wrong key for node {node[:64]!r} (rank {rank})")
+        self._key = protocol.node_key(gate._secret, node)
+        return {"type": "welcome", "mac": protocol.welcome_mac(self._key, *self._names(hello))}
+
+    def _seat(self, proof: Mapping[str, Any]) -> Seat:
+        hello = self._hello
+        if not protocol.same_mac(protocol.proof_mac(self._key, *self._names(hello)), proof["mac"]):
+            raise Refused(f"wrong key for node {hello['node'][:64]!r} (rank {hello['rank']})")
         session = protocol.Session(
-            protocol.session_key(key, nonce, hello["nonce"], self.job_id, rank), "master"
+            protocol.session_key(self._key, self._nonce, hello["nonce"], self._gate.job_id, hello["rank"]),
+            "master",
         )
-        return Seat(rank, host, hello["pid"], hello.get("local_rank", 0), session)
-
-
-def _next(channel: Channel, kind: str) -> dict[str, Any]:
-    message = channel.receive()
-    if message is None:
-        raise Refused(f"no {kind} within {protocol.HANDSHAKE_TIMEOUT_S:.0f}s ({channel.close_reason})")
-    why = protocol.problem(message)
-    if why is None and message["type"] != kind:
-        why = f"{message['type']} where a {kind} was due"
-    if why is not None:
-        raise Refused(why)
-    return message
+        return Seat(hello["rank"], hello["host"], hello["pid"], hello.get("local_rank", 0), session)
 
 
 def _room_per_address(nodes: Mapping[int, str], addresses: Mapping[str, frozenset[str]]) -> dict[str, int]:

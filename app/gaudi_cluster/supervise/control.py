@@ -8,15 +8,17 @@ host, node) seats it launched, each once, from that node's addresses, and every 
 carry the connection's session MAC. Before the handshake a connection holds one of a bounded set of
 slots: each planned node's address has room for its own ranks, strangers share a small pool, so a
 flood from elsewhere can never shut the job's agents out; every handshake has one deadline.
+
+One thread serves every connection (`serving`): thousands of ranks cost sockets, not threads.
+Nothing it does blocks: each connection's handshake is a small state machine fed by the lines it
+receives (`admission.Handshake`), and what a peer does not read waits in its connection's buffer.
 The messages are listed in docs/architecture.md.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import enum
-import errno
 import logging
 import queue
 import socket
@@ -26,15 +28,15 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gaudi_cluster.supervise.admission import Gate, Refused, Seat
+from gaudi_cluster.supervise.admission import Gate, Handshake, Refused, Seat
+from gaudi_cluster.supervise.serving import Connection, SelectorServer
 from gaudi_cluster.view.jobview import AgentState
 from gaudi_cluster.wire import protocol
-from gaudi_cluster.wire.channel import Channel
+from gaudi_cluster.wire.channel import decode, encode
 
 log = logging.getLogger("gaudi_cluster.supervise.control")
 
 RECENT_WORK = 64
-MAX_WORK_HISTORY = 50_000  # per rank: the report's plot of a long job keeps its first 50k steps
 
 
 class EventKind(enum.Enum):
@@ -51,7 +53,21 @@ class ControlEvent:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
-class ControlServer:
+class _Agent(Connection):
+    """A peer of the control port: its handshake until it is seated, then its session and rank state."""
+
+    def __init__(self, sock: socket.socket, peer: str, handshake: Handshake, deadline: float) -> None:
+        super().__init__(sock, peer)
+        self.deadline = deadline
+        self.handshake: Handshake | None = handshake
+        self.session: protocol.Session | None = None
+        self.agent: AgentState | None = None
+
+    def who(self) -> str:
+        return self.peer if self.agent is None else f"{self.peer} (rank {self.agent.rank})"
+
+
+class ControlServer(SelectorServer):
     """Accepts the rank agents of one job attempt and turns what happens to them into ControlEvents."""
 
     def __init__(
@@ -73,27 +89,27 @@ class ControlServer:
         self.events: queue.Queue[ControlEvent] = queue.Queue()
         self.gate = Gate(job_id, token, expected, nodes, addresses)
         self._clock = clock
+        # Rank states are read by other threads (the supervisor, status, metrics): changed under the lock.
         self._agents: dict[int, AgentState] = {}
-        self._channels: dict[int, Channel] = {}  # rank -> its agent's connection, beside its state
-        self._finished_work: dict[int, list[tuple[int, float]]] = {}
-        self._pending: dict[int, tuple[Channel, float]] = {}  # handshakes under way: their deadline
+        self._finished_work: dict[int, Any] = {}
         self._lock = threading.Lock()
-        self._stopping = threading.Event()
-        self._listener = socket.create_server((bind, port), reuse_port=False, backlog=1024)
-        self.port = self._listener.getsockname()[1]
-        self._threads = [
-            threading.Thread(target=self._accept_loop, name="control-accept", daemon=True),
-            threading.Thread(target=self._beat_loop, name="control-beat", daemon=True),
-        ]
+        # Only the loop's thread touches the connections.
+        self._by_rank: dict[int, _Agent] = {}
+        self._pending: dict[int, _Agent] = {}  # handshakes under way, oldest (first deadline) first
+        # Ticks of a quarter of the beat interval: a handshake's deadline is enforced within 0.25 s.
+        super().__init__(bind, port, protocol.BEAT_INTERVAL_S / 4, "control")
 
-    def start(self) -> None:
-        for thread in self._threads:
-            thread.start()
+    # --- what other threads call ----------------------------------------------------------------
 
     def agents(self) -> list[AgentState]:
         """A snapshot of every agent's state (copies: the live ones change under the lock)."""
         with self._lock:
             return [dataclasses.replace(agent) for agent in self._agents.values()]
+
+    def running(self) -> list[int]:
+        """The connected ranks not yet accounted for (no copy of their states)."""
+        with self._lock:
+            return [rank for rank, agent in self._agents.items() if not agent.exited]
 
     def work_histories(self) -> dict[int, list[tuple[int, float]]]:
         """Every rank's work time per step so far (for the final report)."""
@@ -109,85 +125,73 @@ class ControlServer:
                 self._agents[rank].exited = True
 
     def stop_all(self, grace_s: float) -> None:
-        """Ask every connected agent to stop its rank (SIGTERM, then SIGKILL after grace_s)."""
+        """Ask every connected agent to stop its rank (SIGTERM, then SIGKILL after grace_s); returns
+        at once, the loop sends."""
+        self.call(lambda: self._send_all({"type": "stop", "grace": grace_s}))
+
+    # --- the loop's thread ----------------------------------------------------------------------
+
+    def _tick(self, ticks: int) -> None:
+        self._expire_handshakes()
+        if ticks % 4 == 0:
+            self._beat()
+
+    def _accept_failed(self, code: str) -> None:
+        self.gate.refuse("the listener", f"accept failed ({code})")
+
+    def _connected(self, sock: socket.socket, peer: str) -> _Agent | None:
         with self._lock:
-            channels = list(self._channels.values())
-        for channel in channels:
-            channel.send({"type": "stop", "grace": grace_s})
-
-    def close(self) -> None:
-        self._stopping.set()
-        # shutdown() wakes the thread blocked in accept(); close() alone would keep the port bound
-        # until then, and a restarted job could not listen on it again.
-        with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)
-        with contextlib.suppress(OSError):
-            self._listener.close()
-        with self._lock:
-            channels = list(self._channels.values())
-        for channel in channels:
-            channel.close()
-
-    # --- threads --------------------------------------------------------------------------------
-
-    def _accept_loop(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                sock, address = self._listener.accept()
-            except OSError as error:
-                if self._stopping.is_set() or error.errno in (errno.EBADF, errno.EINVAL):
-                    return  # closed: the attempt is over
-                if error.errno in _TRANSIENT_ACCEPT_ERRORS:
-                    # Out of descriptors: serve what is connected and try again shortly, never give up.
-                    self.gate.refuse(
-                        "the listener", f"accept failed ({errno.errorcode.get(error.errno or 0)})"
-                    )
-                    time.sleep(0.05)
-                continue
-            peer = str(address[0])
-            with self._lock:
-                admitted = len(self._agents)
-            if not self.gate.take_slot(peer, admitted):
-                sock.close()
-                self.gate.refuse(peer, "too many unauthenticated connections from this address")
-                continue
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            channel = Channel(sock)
-            with self._lock:
-                self._pending[id(channel)] = (channel, self._clock() + protocol.HANDSHAKE_TIMEOUT_S)
-            threading.Thread(
-                target=self._serve, args=(channel, peer), name="control-agent", daemon=True
-            ).start()
-
-    def _serve(self, channel: Channel, peer: str) -> None:
-        agent: AgentState | None = None
-        try:
-            agent = self._seat(channel, self.gate.admit(channel, peer, self._seated))
-        except Refused as refused:
-            channel.send({"type": "refused", "reason": str(refused)})
-            self.gate.refuse(peer, str(refused))
-        except Exception as error:  # whatever a hostile peer makes of the handshake, its slot comes back
-            self.gate.refuse(peer, f"handshake failed: {type(error).__name__}")
-        finally:
-            with self._lock:
-                self._pending.pop(id(channel), None)
-            self.gate.give_slot(peer)
-            if agent is None:
-                channel.close()
-        if agent is None:
-            return
-        self.events.put(ControlEvent(EventKind.HELLO, agent.host, agent.rank, {"pid": agent.pid}))
-        try:
-            self._serve_admitted(channel, peer, agent)
-        finally:
-            channel.close()
-            self._forget(agent)
+            admitted = len(self._agents)
+        if not self.gate.take_slot(peer, admitted):
+            sock.close()
+            self.gate.refuse(peer, "too many unauthenticated connections from this address")
+            return None
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        handshake = self.gate.handshake(peer, self._seated)
+        conn = _Agent(sock, peer, handshake, self._clock() + protocol.HANDSHAKE_TIMEOUT_S)
+        self._pending[id(conn)] = conn
+        self._send(conn, handshake.challenge)
+        return conn
 
     def _seated(self, rank: int) -> bool:
         with self._lock:
             return rank in self._agents
 
-    def _seat(self, channel: Channel, seat: Seat) -> AgentState:
+    def _line(self, conn: Connection, line: bytes) -> None:
+        assert isinstance(conn, _Agent)
+        self._receive(conn, decode(line))
+
+    def _receive(self, conn: _Agent, message: Any) -> None:
+        if conn.handshake is not None:
+            self._handshake_step(conn, conn.handshake, message)
+            return
+        assert conn.session is not None and conn.agent is not None
+        why = conn.session.open(message)
+        if why is not None:
+            why = f"ignored a message without a valid session MAC ({why})"
+        else:
+            why = protocol.problem(message, protocol.SESSION_MESSAGES)
+        if why is not None:
+            self.gate.refuse(conn.who(), f"dropped a message: {why}")
+            return
+        self._record(conn.agent, message)
+
+    def _handshake_step(self, conn: _Agent, handshake: Handshake, message: Any) -> None:
+        try:
+            answer = handshake.receive(message)
+            if isinstance(answer, Seat):
+                self._seat(conn, answer)
+            else:
+                self._send(conn, answer)
+        except Refused as refused:
+            self._send(conn, {"type": "refused", "reason": str(refused)})
+            self.gate.refuse(conn.peer, str(refused))
+            self._close(conn)
+        except Exception as error:  # whatever a hostile peer makes of the handshake, its slot comes back
+            self.gate.refuse(conn.peer, f"handshake failed: {type(error).__name__}")
+            self._close(conn)
+
+    def _seat(self, conn: _Agent, seat: Seat) -> None:
         agent = AgentState(
             host=seat.host, rank=seat.rank, pid=seat.pid, last_seen=self._clock(), local_rank=seat.local_rank
         )
@@ -195,36 +199,62 @@ class ControlServer:
             if seat.rank in self._agents:
                 raise Refused(f"rank {seat.rank} is already connected")
             self._agents[seat.rank] = agent
-            self._channels[seat.rank] = channel
-        channel.session = seat.session
-        channel.settimeout(None)
-        return agent
+        self._end_handshake(conn)
+        conn.session, conn.agent = seat.session, agent
+        self._by_rank[seat.rank] = conn
+        self.events.put(ControlEvent(EventKind.HELLO, agent.host, agent.rank, {"pid": agent.pid}))
 
-    def _serve_admitted(self, channel: Channel, peer: str, agent: AgentState) -> None:
-        while (message := channel.receive()) is not None:
-            why = (
-                f"ignored a message without a valid session MAC ({message['reason']})"
-                if message.get("type") == "unauthenticated"
-                else protocol.problem(message, protocol.SESSION_MESSAGES)
-            )
-            if why is not None:
-                self.gate.refuse(f"{peer} (rank {agent.rank})", f"dropped a message: {why}")
-                continue
-            self._record(agent, message)
-        if channel.close_reason.startswith("a line over"):
-            self.gate.refuse(f"{peer} (rank {agent.rank})", f"closed: {channel.close_reason}")
+    def _end_handshake(self, conn: _Agent) -> None:
+        conn.handshake = None
+        if self._pending.pop(id(conn), None) is not None:
+            self.gate.give_slot(conn.peer)
 
-    def _forget(self, agent: AgentState) -> None:
+    def _ended(self, conn: Connection, why: str) -> None:
+        """The connection is over (closed, broken, a line too long, cut for not reading)."""
+        assert isinstance(conn, _Agent)
+        if conn.closed:
+            return
+        if conn.handshake is not None:
+            self.gate.refuse(conn.peer, str(conn.handshake.ended(why)))
+            self._close(conn)
+            return
+        if why not in ("closed by the peer", "broken"):  # the peer's doing, not an agent's end
+            self.gate.refuse(conn.who(), f"closed: {why}")
+        self._close(conn)
+        self._forget(conn)
+
+    def _close(self, conn: Connection) -> None:
+        if isinstance(conn, _Agent):
+            self._end_handshake(conn)
+        super()._close(conn)
+
+    def _forget(self, conn: _Agent) -> None:
+        agent = conn.agent
+        if agent is None:
+            return
+        if self._by_rank.get(agent.rank) is conn:
+            del self._by_rank[agent.rank]
         with self._lock:
             reported = agent.exited
             if self._agents.get(agent.rank) is agent:
                 del self._agents[agent.rank]  # the rank may reconnect (its agent retries)
-                del self._channels[agent.rank]
                 self._finished_work[agent.rank] = agent.work_history
         if not reported and not self._stopping.is_set():
             self.events.put(
                 ControlEvent(EventKind.LOST, agent.host, agent.rank, {"reason": "connection closed"})
             )
+
+    # --- writing --------------------------------------------------------------------------------
+
+    def _send(self, conn: _Agent, message: dict[str, Any]) -> None:
+        if not conn.closed:
+            self._write(conn, encode(conn.session.seal(message) if conn.session is not None else message))
+
+    def _send_all(self, message: dict[str, Any]) -> None:
+        for conn in list(self._by_rank.values()):
+            self._send(conn, message)
+
+    # --- what the agents say, and their silence -------------------------------------------------
 
     def _record(self, agent: AgentState, message: dict[str, Any]) -> None:
         now = self._clock()
@@ -241,39 +271,39 @@ class ControlServer:
                 work = [(int(step), float(seconds)) for step, seconds in message.get("work", [])]
                 if work:
                     agent.recent_work = (*agent.recent_work, *work)[-RECENT_WORK:]
-                    if len(agent.work_history) < MAX_WORK_HISTORY:
-                        agent.work_history.extend(work)
+                    agent.work_history.extend(work)  # bounded by the history itself (jobview)
             elif message_type == "exit":
                 agent.exited = True
         if message_type == "exit":
             detail = {**message, "tail": protocol.trimmed_tail(message.get("tail", []))}
             self.events.put(ControlEvent(EventKind.EXIT, agent.host, agent.rank, detail))
 
-    def _beat_loop(self) -> None:
-        # Ticks of a quarter of the beat interval: a handshake's deadline is enforced within 0.25 s.
-        tick, ticks = protocol.BEAT_INTERVAL_S / 4, 0
-        while not self._stopping.wait(tick):
-            now, ticks = self._clock(), ticks + 1
-            with self._lock:
-                expired = [channel for channel, deadline in self._pending.values() if now > deadline]
-            for channel in expired:
-                channel.close()  # a handshake has one deadline, however slowly its bytes trickle in
-            if ticks % 4:
-                continue
-            lost: list[tuple[AgentState, float]] = []
-            with self._lock:
-                live = [a for a in self._agents.values() if not a.exited]
-                channels = [self._channels[a.rank] for a in live]
-                for agent in live:
-                    silent_for = now - agent.last_seen
-                    if silent_for > self.heartbeat_timeout_s:
-                        agent.exited = True  # report a node once, not every second
-                        lost.append((agent, silent_for))
-            for channel in channels:
-                channel.send({"type": "beat"})
-            for agent, silent_for in lost:
-                reason = f"no heartbeat for {silent_for:.0f}s (network partition or frozen node)"
-                self.events.put(ControlEvent(EventKind.LOST, agent.host, agent.rank, {"reason": reason}))
+    def _expire_handshakes(self) -> None:
+        now = self._clock()
+        expired = []
+        for conn in self._pending.values():  # in order of their deadlines
+            if conn.deadline > now:
+                break
+            expired.append(conn)
+        for conn in expired:  # a handshake has one deadline, however slowly its bytes trickle in
+            self._ended(conn, "timed out")
 
-
-_TRANSIENT_ACCEPT_ERRORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED}
+    def _beat(self) -> None:
+        now = self._clock()
+        live: list[int] = []
+        lost: list[tuple[AgentState, float]] = []
+        with self._lock:
+            for agent in self._agents.values():
+                if agent.exited:
+                    continue
+                live.append(agent.rank)
+                silent_for = now - agent.last_seen
+                if silent_for > self.heartbeat_timeout_s:
+                    agent.exited = True  # report a node once, not every second
+                    lost.append((agent, silent_for))
+        for rank in live:
+            if (conn := self._by_rank.get(rank)) is not None:
+                self._send(conn, {"type": "beat"})
+        for agent, silent_for in lost:
+            reason = f"no heartbeat for {silent_for:.0f}s (network partition or frozen node)"
+            self.events.put(ControlEvent(EventKind.LOST, agent.host, agent.rank, {"reason": reason}))

@@ -31,9 +31,12 @@ from gaudi_cluster.supervise.console import RankLogs, RankOutput
 from gaudi_cluster.supervise.control import ControlEvent, ControlServer, EventKind
 from gaudi_cluster.supervise.outcome import JobOutcome, JobState, RankFailure, signal_name
 from gaudi_cluster.view.figures import JobFigures
+from gaudi_cluster.view.jobview import AgentState
 from gaudi_cluster.view.liveview import LiveView
 
 log = logging.getLogger("gaudi_cluster.supervise.supervisor")
+
+LOOK_INTERVAL_S = 1.0  # how often the whole job's state is read (live view, stuck ranks)
 
 
 class SupervisorPhase(enum.Enum):
@@ -202,27 +205,32 @@ class Supervisor:
         ranks_seen: dict[int, str] = {}
         finished: set[int] = set()
         launcher_exit_seen_at: float | None = None
+        looked_at = -LOOK_INTERVAL_S
         self.state = SupervisorPhase.RUNNING
         while True:
-            agents = self.server.agents()
-            self.view.tick(agents)
-            if self.on_first_step is not None and any(agent.step for agent in agents):
-                first_step, self.on_first_step = self.on_first_step, None
-                first_step()
+            stuck: RankFailure | None = None
+            if self.clock() - looked_at >= LOOK_INTERVAL_S:
+                # One snapshot of every rank a second, for the live view and the stuck check: at
+                # thousands of ranks a copy per event or per loop would be what the master does.
+                agents = self.server.agents()
+                self.view.tick(agents)
+                looked_at = self.clock()
+                if self.on_first_step is not None and any(agent.step for agent in agents):
+                    first_step, self.on_first_step = self.on_first_step, None
+                    first_step()
+                stuck = self._stuck(looked_at, agents)
             with contextlib.suppress(queue.Empty):
                 signum = self._signals.get_nowait()
                 self._print(
                     f"gaudi-cluster: received {signal_name(signum)}; stopping job {self.job_id} on every node"
                 )
                 return JobOutcome.stopped(signum, ranks_seen)
-            try:
-                event = self.server.events.get(timeout=0.2)
-            except queue.Empty:
-                event = None
-            if event is not None:
+            for event in self._events(timeout_s=0.2):
                 failure = self._handle(event, ranks_seen, finished)
                 if failure is not None:
                     return JobOutcome.failed(failure, ranks_seen)
+                if len(finished) == self.expected:  # what comes after the last exit is not the job's
+                    return JobOutcome.succeeded(ranks_seen)
             if len(finished) == self.expected:
                 return JobOutcome.succeeded(ranks_seen)
             now = self.clock()
@@ -232,9 +240,20 @@ class Supervisor:
                 launcher_exit_seen_at = launcher_exit_seen_at or now
                 if now - launcher_exit_seen_at > 3.0 and self.server.events.empty():
                     return JobOutcome.failed(self._launcher_failure(len(finished)), ranks_seen)
-            failure = self._check_timeouts(now, now - started, ranks_seen)
+            failure = self._check_start(now - started, ranks_seen) or stuck
             if failure is not None:
                 return JobOutcome.failed(failure, ranks_seen)
+
+    def _events(self, timeout_s: float) -> list[ControlEvent]:
+        """Every event queued now (waiting up to timeout_s for the first), in order."""
+        try:
+            events = [self.server.events.get(timeout=timeout_s)]
+        except queue.Empty:
+            return []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                events.append(self.server.events.get_nowait())
+        return events
 
     def _handle(
         self, event: ControlEvent, ranks_seen: dict[int, str], finished: set[int]
@@ -267,7 +286,7 @@ class Supervisor:
             self.launcher.returncode, finished, self.expected, self.launcher_tail
         )
 
-    def _check_timeouts(self, now: float, elapsed: float, ranks_seen: dict[int, str]) -> RankFailure | None:
+    def _check_start(self, elapsed: float, ranks_seen: dict[int, str]) -> RankFailure | None:
         if len(ranks_seen) < self.expected and elapsed > self.settings.start_timeout_s:
             seen = collections.Counter(ranks_seen.values())
             missing = [
@@ -283,7 +302,10 @@ class Supervisor:
                 self.settings.start_timeout_s,
                 self.launcher_tail,
             )
-        for agent in self.server.agents():
+        return None
+
+    def _stuck(self, now: float, agents: list[AgentState]) -> RankFailure | None:
+        for agent in agents:
             age = agent.progress_age_now(now)
             if agent.exited or age is None or age <= self.settings.stuck_timeout_s:
                 continue
@@ -304,13 +326,12 @@ class Supervisor:
         self.server.stop_all(grace)
         began = self.clock()
         deadline = began + (grace + 3 if stopping else self.settings.abort_wait_s)
-        while self.clock() < deadline and any(not agent.exited for agent in self.server.agents()):
-            with contextlib.suppress(queue.Empty):
-                event = self.server.events.get(timeout=0.05)
+        while self.clock() < deadline and self.server.running():
+            for event in self._events(timeout_s=0.05):
                 if event.kind in (EventKind.EXIT, EventKind.LOST):
                     self.server.mark_exited(event.rank)
                     log.debug("rank %d %s after %.2fs", event.rank, event.kind.value, self.clock() - began)
-        left = [agent.rank for agent in self.server.agents() if not agent.exited]
+        left = self.server.running()
         log.debug("ranks confirmed after %.2fs; still unconfirmed: %s", self.clock() - began, left or "none")
         self._kill_launcher(grace_s=2.0 if stopping else 0.0)
 

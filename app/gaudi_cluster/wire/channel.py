@@ -1,7 +1,8 @@
 """The control channel's connection as both ends use it, and the agent's side of the handshake.
 
 One TCP connection per rank carries newline-delimited JSON both ways (lines of at most
-protocol.MAX_LINE bytes). The master's server is in `control`.
+protocol.MAX_LINE bytes). The master's server is in `control`; it reads without blocking, so it
+cuts its bytes into lines with a `LineBuffer` and decodes them with `decode` like `Channel` does.
 """
 
 from __future__ import annotations
@@ -40,9 +41,8 @@ class Channel:
             if self.closed:
                 return False
             sealed = self.session.seal(message) if self.session is not None else message
-            data = (json.dumps(sealed, separators=(",", ":")) + "\n").encode()
             try:
-                self._sock.sendall(data)
+                self._sock.sendall(encode(sealed))
                 return True
             except OSError:
                 self.closed = True
@@ -65,10 +65,7 @@ class Channel:
             self.close()
             self.close_reason = f"a line over {protocol.MAX_LINE} bytes"
             return None
-        try:
-            message = json.loads(line)
-        except (ValueError, RecursionError):  # "[" * 2000 nests past the parser's recursion limit
-            message = {}
+        message = decode(line)
         if self.session is None:
             return message
         why = self.session.open(message)
@@ -79,6 +76,45 @@ class Channel:
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    """One message as its line on the wire."""
+    return (json.dumps(message, separators=(",", ":")) + "\n").encode()
+
+
+def decode(line: bytes) -> Any:
+    """A received line's message ({} when it is not JSON, as `Channel.receive` says it)."""
+    try:
+        return json.loads(line)
+    except (ValueError, RecursionError):  # "[" * 2000 nests past the parser's recursion limit
+        return {}
+
+
+class LineBuffer:
+    """The bytes a non-blocking reader got so far, cut into lines of at most protocol.MAX_LINE
+    bytes (newline included): `overflow` once a line grows past that, whether or not it ended."""
+
+    def __init__(self) -> None:
+        self._pending = bytearray()
+        self.overflow = False
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self._pending += data
+        lines: list[bytes] = []
+        start = 0
+        while (end := self._pending.find(b"\n", start)) >= 0:
+            if end + 1 - start > protocol.MAX_LINE:
+                self.overflow = True
+                break
+            lines.append(bytes(self._pending[start : end + 1]))
+            start = end + 1
+        del self._pending[:start]
+        if len(self._pending) > protocol.MAX_LINE:
+            self.overflow = True
+        if self.overflow:
+            self._pending.clear()
+        return lines
 
 
 def connect(address: str, timeout_s: float) -> Channel:

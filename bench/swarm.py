@@ -1,0 +1,281 @@
+"""The control plane at 64, 256 and 1,000 nodes x 8 ranks: the master's ControlServer + Supervisor in
+one process pinned to core 0, a swarm (`gaudi_cluster_dev.swarm`, every rank on the real protocol)
+in another pinned to core 1; threads, descriptors, memory and CPU read from /proc.
+
+Two runs per size, each against this tree's server and the old one (SWARM_OLD_APP, default
+/tmp/old-control/app: `git worktree add /tmp/old-control 96699ce`), interleaved: the first resets
+one node's connections after a steady window (CPU over STEADY_S), the second makes a node silent.
+
+  python -m bench --only swarm
+  python -m bench.swarm master ...   (the master's side of one run; the bench starts it)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import secrets
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import ROOT, Ctx, Row, log
+from bench.swarm_rows import build
+
+JOB = "20261202-000000-swarm0"
+SIZES = (64, 256, 1000)
+ONLY = tuple(int(n) for n in os.environ.get("SWARM_SIZES", "").split(",") if n)  # a rerun of some sizes
+PER_NODE = 8
+HEARTBEAT_S = 10.0  # the default --heartbeat-timeout
+STEADY_S = 20.0
+CHECKIN_CAP_S = 90.0  # the old server at 8,000 ranks would need minutes: capped, and said so
+VICTIM = 7  # the node reset or silenced
+DEV = ROOT / "dev"
+NEW_APP = ROOT / "app"
+OLD_APP = Path(os.environ.get("SWARM_OLD_APP", "/tmp/old-control/app"))
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+# --- the master's side (a process of its own, with the app under test first on its path) ---------
+
+
+def say(event: str, **fields: Any) -> None:
+    print(json.dumps({"event": event, "at": time.monotonic(), **fields}), flush=True)
+
+
+class _Console:
+    """The supervisor's console: says when the first line naming a lost host came."""
+
+    def __init__(self) -> None:
+        self.named = False
+
+    def isatty(self) -> bool:
+        return False
+
+    def flush(self) -> None:
+        pass
+
+    def write(self, text: str) -> int:
+        if not self.named and "lost contact" in text:
+            self.named = True
+            say("named", line=text.strip()[:300])
+        return len(text)
+
+
+def master(nodes: int, cpu: int, start_timeout: float, straggler_check: bool) -> int:
+    import logging
+    import resource
+
+    from gaudi_cluster.launch.plan import LaunchPlan
+    from gaudi_cluster.supervise.control import ControlServer
+    from gaudi_cluster.supervise.supervisor import Supervisor, SupervisorSettings
+    from gaudi_cluster_dev.swarm_plan import SwarmPlan
+
+    os.sched_setaffinity(0, {cpu})
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # as master.py does
+    logging.getLogger("gaudi_cluster").setLevel(logging.ERROR)
+    plan = SwarmPlan(nodes, PER_NODE)
+    server = ControlServer(
+        "127.0.0.1", 0, JOB, HEARTBEAT_S, os.environ["SWARM_SECRET"], plan.expected(),
+        nodes=plan.rank_nodes(), addresses=plan.addresses(),
+    )  # fmt: skip
+    stop_all = server.stop_all
+
+    def timed_stop_all(grace_s: float) -> None:
+        say("stop_all")
+        stop_all(grace_s)
+        say("stop_all_returned")
+
+    server.stop_all = timed_stop_all  # type: ignore[method-assign]
+    server.start()
+    say("port", port=server.port)
+    idle = LaunchPlan(argv=(sys.executable, "-c", "import time; time.sleep(3600)"), env={}, launcher="bench")
+    settings = SupervisorSettings(start_timeout_s=start_timeout, stop_grace_s=1.0)
+    supervisor = Supervisor(
+        JOB, idle, server, plan.slots_by_host(), settings, out=_Console(),  # type: ignore[arg-type]
+        on_all_started=lambda: say("all_started"),
+    )  # fmt: skip
+    if not straggler_check:  # what the rest costs once jobview's O(N^2) check is gone (another branch)
+        supervisor.view.watch.check = lambda agents: []  # type: ignore[method-assign]
+    outcome = supervisor.run()
+    server.close()
+    say("done", state=outcome.state.value)
+    return 0
+
+
+# --- the bench's side -----------------------------------------------------------------------------
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+
+
+def _footprint(pid: int) -> dict[str, float]:
+    import psutil
+
+    process = psutil.Process(pid)
+    rss = process.memory_info().rss + sum(c.memory_info().rss for c in process.children(recursive=True))
+    return {
+        "threads": len(os.listdir(f"/proc/{pid}/task")),
+        "fds": len(os.listdir(f"/proc/{pid}/fd")),
+        "rss_mb": rss / 2**20,
+    }
+
+
+class _Run:
+    """One master and one swarm, their JSON lines merged into one queue."""
+
+    def __init__(self, app: Path, nodes: int, straggler_check: bool = True) -> None:
+        env = {**os.environ, "SWARM_SECRET": secrets.token_hex(32), "PYTHONUNBUFFERED": "1"}
+        self.events: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
+        self.seen: dict[tuple[str, str], dict[str, Any]] = {}
+        self.master = subprocess.Popen(
+            [sys.executable, "-m", "bench.swarm", "master", "--nodes", str(nodes), "--cpu", "0",
+             "--start-timeout", str(CHECKIN_CAP_S + 60),
+             *([] if straggler_check else ["--no-straggler-check"])],
+            stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**env, "PYTHONPATH": f"{app}:{DEV}:{ROOT}"},
+        )  # fmt: skip
+        self._follow("master", self.master)
+        port = self.wait("master", "port", 30)["port"]
+        self.swarm = subprocess.Popen(
+            [sys.executable, "-m", "gaudi_cluster_dev.swarm", "--port", str(port), "--job", JOB,
+             "--nodes", str(nodes), "--per-node", str(PER_NODE), "--cpu", "1", "--steer",
+             "--deadline", "400"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env={**env, "PYTHONPATH": f"{NEW_APP}:{DEV}"},
+        )  # fmt: skip
+        self._follow("swarm", self.swarm)
+
+    def _follow(self, name: str, process: subprocess.Popen[str]) -> None:
+        def read() -> None:
+            assert process.stdout is not None
+            for line in process.stdout:
+                if line.startswith("{"):
+                    self.events.put((name, json.loads(line)))
+
+        threading.Thread(target=read, daemon=True).start()
+
+    def wait(self, source: str, event: str, timeout_s: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while (source, event) not in self.seen:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no {event} from the {source} within {timeout_s:.0f}s")
+            try:
+                name, found = self.events.get(timeout=left)
+            except queue.Empty:
+                continue
+            self.seen.setdefault((name, found["event"]), found)
+        return self.seen[(source, event)]
+
+    def tell(self, line: str) -> None:
+        assert self.swarm.stdin is not None
+        self.swarm.stdin.write(line + "\n")
+        self.swarm.stdin.flush()
+
+    def end(self) -> dict[str, Any]:
+        """The swarm's final counts."""
+        for process in (self.master, self.swarm):
+            try:
+                if process is self.swarm:
+                    self.tell("quit")
+                elif process.poll() is None:
+                    process.terminate()  # a run cut short (check-in capped): the master is done
+                process.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                process.kill()
+                process.wait()
+        try:
+            return self.wait("swarm", "report", 5)
+        except TimeoutError:
+            return {}
+
+
+def one_run(app: Path, nodes: int, scenario: str, straggler_check: bool = True) -> dict[str, Any]:
+    """checkin_s and the rest for one master of `app` against the swarm; scenario: reset or silence."""
+    run = _Run(app, nodes, straggler_check)
+    figures: dict[str, Any] = {}
+    try:
+        started = run.wait("swarm", "started", 60)["at"]
+        try:
+            figures["checkin_s"] = run.wait("master", "all_started", CHECKIN_CAP_S)["at"] - started
+        except TimeoutError:
+            figures["checkin_s"], figures["checkin_capped"] = CHECKIN_CAP_S, True
+        if scenario == "reset":
+            time.sleep(2.0)  # the last beats of the check-in settle
+            master0, swarm0, wall0 = _cpu_s(run.master.pid), _cpu_s(run.swarm.pid), time.monotonic()
+            time.sleep(STEADY_S)
+            wall = time.monotonic() - wall0
+            figures["master_cpu_pct"] = (_cpu_s(run.master.pid) - master0) / wall * 100
+            figures["swarm_cpu_pct"] = (_cpu_s(run.swarm.pid) - swarm0) / wall * 100
+            if run.master.poll() is None:
+                figures.update({f"master_{k}": v for k, v in _footprint(run.master.pid).items()})
+            else:  # ended before the window did: its figures would be a dead process's
+                del figures["master_cpu_pct"]
+                figures["master_died_at_s"] = time.monotonic() - started
+        if figures.get("checkin_capped"):
+            return figures
+        run.tell(f"{scenario} {VICTIM}")
+        cut = run.wait("swarm", "reset" if scenario == "reset" else "silenced", 10)["at"]
+        named = run.wait("master", "named", HEARTBEAT_S + 30)
+        figures[f"{scenario}_named_s"] = named["at"] - cut
+        figures["named_line"] = named["line"]
+        stop = run.wait("master", "stop_all", 30)["at"]
+        told = run.wait("swarm", "stopped", 30)
+        figures["stop_all_s"], figures["first_stop_s"] = told["last"] - stop, told["first"] - stop
+        run.wait("master", "done", 60)
+    finally:
+        counts = run.end()
+        figures["handshake_failures"] = counts.get("handshake_failures")
+        figures["welcomed"] = counts.get("welcomed")
+    return figures
+
+
+def run(ctx: Ctx) -> list[Row]:
+    apps = {"ours": NEW_APP, **({"theirs": OLD_APP} if (OLD_APP / "gaudi_cluster").is_dir() else {})}
+    results: dict[tuple[str, int, str], dict[str, Any]] = {}
+
+    def measure(side: str, nodes: int, scenario: str, straggler_check: bool = True) -> None:
+        if not ctx.can_start(60):
+            return
+        label = scenario if straggler_check else f"{scenario} without the straggler check"
+        log(f"swarm: {nodes} nodes x {PER_NODE}, {label}, {side}")
+        try:
+            found = one_run(apps[side], nodes, scenario, straggler_check)
+        except Exception as error:  # one failed run is said in its rows, the others still count
+            found = {"error": f"{type(error).__name__}: {error}"}
+        results[(side, nodes, scenario if straggler_check else f"{scenario}, no straggler check")] = found
+        log(f"swarm: {json.dumps(found)[:400]}")
+
+    for nodes in ONLY or SIZES:
+        for scenario in ("reset", "silence"):
+            for side in apps:  # interleaved: ours, then the old server, at the same size
+                if not results.get((side, nodes, "reset"), {}).get("checkin_capped"):
+                    measure(side, nodes, scenario)
+    if SIZES[-1] in (ONLY or SIZES):
+        measure("ours", SIZES[-1], "reset", straggler_check=False)
+        measure("ours", SIZES[-1], "silence", straggler_check=False)
+    return build(results, ONLY or SIZES, PER_NODE, HEARTBEAT_S, CHECKIN_CAP_S)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.swarm")
+    sub = parser.add_subparsers(dest="what", required=True)
+    side = sub.add_parser("master")
+    side.add_argument("--nodes", type=int, required=True)
+    side.add_argument("--cpu", type=int, default=0)
+    side.add_argument("--start-timeout", type=float, default=120.0)
+    side.add_argument("--no-straggler-check", action="store_true")
+    args = parser.parse_args(argv)
+    return master(args.nodes, args.cpu, args.start_timeout, not args.no_straggler_check)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
