@@ -30,6 +30,7 @@ from typing import Any
 
 from gaudi_cluster.supervise.admission import Gate, Handshake, Refused, Seat
 from gaudi_cluster.supervise.serving import Connection, SelectorServer
+from gaudi_cluster.view.history import WorkHistory
 from gaudi_cluster.view.jobview import AgentState
 from gaudi_cluster.wire import protocol
 from gaudi_cluster.wire.channel import decode, encode
@@ -91,7 +92,7 @@ class ControlServer(SelectorServer):
         self._clock = clock
         # Rank states are read by other threads (the supervisor, status, metrics): changed under the lock.
         self._agents: dict[int, AgentState] = {}
-        self._finished_work: dict[int, Any] = {}
+        self._finished_work: dict[int, WorkHistory] = {}
         self._lock = threading.Lock()
         # Only the loop's thread touches the connections.
         self._by_rank: dict[int, _Agent] = {}
@@ -111,11 +112,12 @@ class ControlServer(SelectorServer):
         with self._lock:
             return [rank for rank, agent in self._agents.items() if not agent.exited]
 
-    def work_histories(self) -> dict[int, list[tuple[int, float]]]:
-        """Every rank's work time per step so far (for the final report)."""
+    def work_histories(self) -> dict[int, WorkHistory]:
+        """Every rank's work time per step so far (for the final report): copies of the bounded
+        histories (a few KB a rank), never lists of every step."""
         with self._lock:
-            histories = {rank: list(agent.work_history) for rank, agent in self._agents.items()}
-            histories.update({rank: list(work) for rank, work in self._finished_work.items()})
+            histories = {rank: agent.work_history.copy() for rank, agent in self._agents.items()}
+            histories.update({rank: work.copy() for rank, work in self._finished_work.items()})
         return histories
 
     def mark_exited(self, rank: int) -> None:
