@@ -21,11 +21,12 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
 from train import node_facts
+from train.fabric_rounds import kind_of, merge_sides, ring_rounds, settled
 
 MARK = "GC_FABRIC "
 GRACE_S = 2.0  # past a test's deadline rank 0 still takes the answers of ranks that met it
@@ -64,72 +65,6 @@ def _device_and_backend(choice: str) -> tuple[Any, str]:
         torch.cuda.set_device(local)
         return torch.device("cuda", local), "nccl"
     return torch.device("cpu"), "gloo"
-
-
-def ring_rounds(world: int) -> list[list[tuple[int, int]]]:
-    """The ring's neighbour pairs (i, i+1 mod n) in rounds where no rank is in two pairs."""
-    pairs = [(i, (i + 1) % world) for i in range(world)] if world > 2 else [(0, 1)] if world == 2 else []
-    rounds: list[list[tuple[int, int]]] = []
-    for pair in pairs:
-        for r in rounds:
-            if not any(set(pair) & set(other) for other in r):
-                r.append(pair)
-                break
-        else:
-            rounds.append([pair])
-    return rounds
-
-
-def kind_of(error: BaseException) -> str:
-    """timeout (no answer by the deadline) | closed (the peer went away) | error (anything else)."""
-    text = f"{type(error).__name__} {error}".lower()
-    if isinstance(error, TimeoutError) or "timed out" in text or "timeout" in text:
-        return "timeout"
-    if any(word in text for word in ("closed", "reset by peer", "broken pipe", "refused", "end of file")):
-        return "closed"
-    return "error"
-
-
-def merge_sides(pair: Sequence[int], sides: Mapping[int, dict[str, Any] | None], timeout: float) -> dict:
-    """One pair's result from what each of its ranks posted (None: nothing by the deadline)."""
-    kinds = {r: (side or {"kind": "silent"})["kind"] for r, side in sides.items()}
-    result: dict[str, Any] = {"ranks": list(pair), "sides": {str(r): k for r, k in kinds.items()}}
-    late = [r for r, side in sides.items() if side and side.get("late")]
-    if late:  # still held by an earlier test when this one opened: its failure here is that one's
-        result["late"] = late
-    if all(k == "ok" for k in kinds.values()):
-        posted = [side for side in sides.values() if side]
-        return {**result, "bytes": posted[0]["bytes"], "seconds": max(s["seconds"] for s in posted)}
-    order = ("silent", "closed", "timeout", "error")
-    result["kind"] = min((k for k in kinds.values() if k != "ok"), key=order.index)
-    errors = [side["error"] for side in sides.values() if side and side.get("error")]
-    result["error"] = errors[0] if errors else f"no answer within {timeout:g} s"
-    tails = [line for side in sides.values() if side for line in side.get("log_tail", [])]
-    return {**result, "log_tail": tails} if tails else result
-
-
-def settled(
-    results: Sequence[Mapping[str, Any]],
-    rounds: Sequence[Sequence[tuple[int, int]]],
-    hosts: Mapping[int, str],
-) -> bool:
-    """Whether the pairs so far already name a node: every failed link (ranks on two hosts, neither late)
-    has a host whose every link in the whole schedule was tested and failed. Later rounds tell no more."""
-    links = [(hosts.get(a), hosts.get(b)) for r in rounds for a, b in r if hosts.get(a) != hosts.get(b)]
-    failed = [
-        (hosts.get(p["ranks"][0]), hosts.get(p["ranks"][1]))
-        for p in results
-        if "error" in p and not p.get("late") and hosts.get(p["ranks"][0]) != hosts.get(p["ranks"][1])
-    ]
-    if not failed:
-        return False
-    tested = {(hosts.get(p["ranks"][0]), hosts.get(p["ranks"][1])) for p in results}
-
-    def named(host: str | None) -> bool:
-        mine = [link for link in links if host in link]
-        return all(link in tested for link in mine) and sum(host in link for link in failed) == len(mine)
-
-    return all(any(named(h) for h in link) for link in failed)
 
 
 def _timed(run: Callable[[], None], iters: int, median: bool = False) -> float:
@@ -187,6 +122,20 @@ def _opened(store: Any, key: str, value: str | None, wait_s: float) -> bool:
     return store.get(key) == b"go"
 
 
+def _within(deadline: float, test: Callable[[], Any], late: Any) -> Any:
+    """`test`'s answer, or `late` if it has none by the deadline (its thread is left running)."""
+    answer: list[Any] = []
+    thread = threading.Thread(target=lambda: answer.append(test()), daemon=True)
+    thread.start()
+    thread.join(max(deadline - time.monotonic(), 0.0) + 0.5)
+    return answer[0] if answer else late
+
+
+def _note(what: str) -> None:
+    """A line in this rank's log with the wall clock: where a slow check spent its time."""
+    print(f"fabric check: {what} at {time.time():.2f}", flush=True)
+
+
 def _error(error: BaseException, backend: str) -> dict[str, Any]:
     text = str(error).splitlines()[0][:300] if str(error) else type(error).__name__
     side: dict[str, Any] = {"kind": kind_of(error), "error": text}
@@ -210,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     watchdog.daemon = True
     watchdog.start()
     device, backend = _device_and_backend(args.backend)
+    _note("started")
     report: dict[str, Any] = {"world": world, "backend": backend, "timeout_s": limit_s, "hosts": {}}
     store = dist.TCPStore(addr, port, world, rank == 0, timeout=limit, wait_for_workers=False)
     store.set(f"hello/{rank}", socket.gethostname())
@@ -229,21 +179,24 @@ def main(argv: list[str] | None = None) -> int:
             store.set("round/0", "stop")
             store.set("world", "stop")
             return _finish(report, 3, store)
+    _note("met")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     if backend != "gloo":  # hccl/nccl pairs are subgroups of the world, so the world comes first
         dist.init_process_group(
             backend, store=dist.PrefixStore("world", store), rank=rank, world_size=world, timeout=limit
         )
 
+    def own_store(deadline: float) -> Any:
+        """A store connection of the test's own: a call stuck in it cannot block this rank's next word."""
+        return dist.TCPStore(addr, port, None, False, timeout=_left(deadline), wait_for_workers=False)
+
     def pair_side(key: str, a: int, b: int, deadline: float) -> dict[str, Any]:
         group = None
         try:
-            store.set_timeout(_left(deadline))  # the group's meeting on the store shares the deadline
             data = torch.ones(args.pair_size // 4, dtype=torch.float32, device=device)
             if backend == "gloo":
-                group = dist.ProcessGroupGloo(
-                    dist.PrefixStore(key, store), 0 if rank == a else 1, 2, _left(deadline)
-                )
+                meet = dist.PrefixStore(key, own_store(deadline))
+                group = dist.ProcessGroupGloo(meet, 0 if rank == a else 1, 2, _left(deadline))
                 op = lambda: group.allreduce([data])  # noqa: E731
             else:
                 group = dist.new_group([a, b], timeout=_left(deadline))
@@ -253,8 +206,28 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as error:  # the deadline, a reset peer: the pair's answer is the error's kind
             _ABANDONED.append(group)
             return _error(error, backend)
-        finally:
-            store.set_timeout(limit)
+
+    def world_side(deadline: float) -> list[dict[str, Any]]:
+        mine: list[dict[str, Any]] = []
+        size = 0
+        try:
+            if backend == "gloo":
+                meet = dist.PrefixStore("world", own_store(deadline))
+                dist.init_process_group(
+                    backend, store=meet, rank=rank, world_size=world, timeout=_left(deadline)
+                )
+            for size in [int(s) for s in args.sizes.split(",") if s]:
+                data = torch.ones(max(size // 4, 1), dtype=torch.float32, device=device)
+                run = _runner(lambda d=data: dist.all_reduce(d, async_op=True), sync, deadline)
+                mine.append({"bytes": size, "seconds": _timed(run, args.iters)})
+        except Exception as error:
+            mine.append({"bytes": size, **_error(error, backend)})
+        return mine
+
+    # gloo's connect can outlast the timeout it is given (a handshake queued behind a held link's
+    # backlog): its tests run in a thread of their own, answered at the deadline whatever it does.
+    # hccl/nccl groups are made by every rank in one order, so theirs stay on this thread.
+    on_time = _within if backend == "gloo" else (lambda deadline, test, late: test())
 
     results: list[dict[str, Any]] = []
     overran = 0.0  # how far this rank's last test ran past its deadline (a call that ignored it)
@@ -268,11 +241,16 @@ def main(argv: list[str] | None = None) -> int:
                 if backend != "gloo":
                     dist.new_group([a, b], timeout=limit)
                 continue
-            side = pair_side(f"pair/{number}/{k}", a, b, deadline)
+            side = on_time(
+                deadline,
+                lambda key=f"pair/{number}/{k}", a=a, b=b, end=deadline: pair_side(key, a, b, end),
+                {"kind": "timeout", "error": f"the pair did not finish within {limit_s:g} s"},
+            )
             if overran > GRACE_S:
                 side["late"] = round(overran, 1)
             store.set(f"pair/{number}/{k}/{rank}", json.dumps(side))
         overran = time.monotonic() - deadline
+        _note(f"ring round {number} done")
         if rank == 0:
             keys = [f"pair/{number}/{k}/{r}" for k, pair in enumerate(pairs) for r in pair]
             got = _collect(store, keys, deadline + GRACE_S)
@@ -285,25 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     if not _opened(store, "world", word, budget):
         return _finish(report, 3, store) if rank == 0 else 3
     deadline = time.monotonic() + limit_s
-    mine: list[dict[str, Any]] = []
-    size = 0
-    try:
-        if backend == "gloo":
-            store.set_timeout(_left(deadline))
-            dist.init_process_group(
-                backend,
-                store=dist.PrefixStore("world", store),
-                rank=rank,
-                world_size=world,
-                timeout=_left(deadline),
-            )
-        for size in [int(s) for s in args.sizes.split(",") if s]:
-            data = torch.ones(max(size // 4, 1), dtype=torch.float32, device=device)
-            run = _runner(lambda d=data: dist.all_reduce(d, async_op=True), sync, deadline)
-            mine.append({"bytes": size, "seconds": _timed(run, args.iters)})
-    except Exception as error:
-        mine.append({"bytes": size, **_error(error, backend)})
-    store.set_timeout(limit)
+    _note("world test open")
+    late = [{"bytes": 0, "kind": "timeout", "error": f"the world test did not finish within {limit_s:g} s"}]
+    mine = on_time(deadline, lambda: world_side(deadline), late)
     store.set(f"full/{rank}", json.dumps(mine))
     if rank != 0:
         with contextlib.suppress(Exception):  # rank 0 may have gone with its store: its report is out

@@ -20,20 +20,16 @@ CHECK = ("--slots", "1", "--env", "DS_ACCELERATOR=cpu")
 GAUDINET = "/etc/gaudinet.json"
 
 
+HELD = 2  # the worker given NET_ADMIN, whose traffic tc holds
+
+
 @pytest.fixture(scope="module")
 def cluster(hold_hpu):
-    return hold_hpu(workers=2)
+    return hold_hpu(workers=2, worker_args={HELD: ["--cap-add", "NET_ADMIN"]})
 
 
-def on_node(cluster, name: str, script: str, privileged: bool = False) -> None:
-    flags = ["--privileged"] if privileged else []  # tc needs NET_ADMIN, for that one command only
-    done = subprocess.run(
-        ["docker", "exec", *flags, name, "sh", "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+def on_node(cluster, name: str, script: str) -> None:
+    done = cluster.exec(name, "sh", "-c", script)
     assert done.returncode == 0, done.stderr
 
 
@@ -98,7 +94,7 @@ def test_a_missing_gaudinet_json_is_named_and_stops_the_launch(cluster):
 
 
 def test_a_held_node_is_named_with_the_last_lines_of_its_hccl_log(cluster):
-    worker = cluster.worker_names[1]
+    worker = cluster.worker(HELD)
     log = "/var/log/habana_logs/hccl.log"  # under HABANA_LOGS, which every HPU preset sets
     lines = [f"[HCCL] scaleout link {i}: retry" for i in range(30)] + ["[HCCL] port 3 link down"]
     on_node(
@@ -117,11 +113,11 @@ def test_a_held_node_is_named_with_the_last_lines_of_its_hccl_log(cluster):
         " protocol ip prio 1 u32 match ip $m 0xffff flowid 1:10; done"
         " && tc filter add dev eth0 parent 1: protocol arp prio 2 u32 match u32 0 0 flowid 1:10"
     )
-    on_node(cluster, worker, starve, privileged=True)
+    on_node(cluster, worker, starve)
     try:
         done, result = doctor_fabric(cluster, "--fabric-timeout", "8")
     finally:
-        on_node(cluster, worker, "tc qdisc del dev eth0 root", privileged=True)
+        on_node(cluster, worker, "tc qdisc del dev eth0 root")
         on_node(cluster, worker, f"rm -f {log}")
     assert done.returncode == 3, done.stderr
     node = the_bad_node(result, worker, cluster)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 from gaudi_cluster.view import fabric
-from train.allreduce_check import ring_rounds
+from train.fabric_rounds import ring_rounds
 
 HOSTS = {0: "master", 1: "worker-1", 2: "worker-2", 3: "worker-3"}
 MB8 = 8 << 20
@@ -198,7 +198,7 @@ def test_a_link_no_host_explains_names_both_ends_and_the_pairs_inside_a_host_do_
 
 
 def test_error_kinds_and_the_pair_merged_from_its_two_sides():
-    from train.allreduce_check import kind_of, merge_sides
+    from train.fabric_rounds import kind_of, merge_sides
 
     assert kind_of(RuntimeError("Operation timed out!")) == "timeout"
     assert kind_of(TimeoutError()) == "timeout"
@@ -215,7 +215,7 @@ def test_error_kinds_and_the_pair_merged_from_its_two_sides():
 
 
 def test_rounds_stop_once_the_pairs_so_far_name_a_node():
-    from train.allreduce_check import settled
+    from train.fabric_rounds import settled
 
     rounds = ring_rounds(5)  # [(0,1),(2,3)], [(1,2),(3,4)], [(4,0)]
     one_host_each = {r: f"h{r}" for r in range(5)}
@@ -225,3 +225,11 @@ def test_rounds_stop_once_the_pairs_so_far_name_a_node():
     assert settled([*first, _failed(1, 2), _pair(3, 4, 0.01)], rounds, one_host_each)  # h1 lost both
     healthy = [_pair(0, 1, 0.01), _pair(2, 3, 0.01), _pair(1, 2, 0.01), _pair(3, 4, 0.01)]
     assert not settled(healthy, rounds, one_host_each)
+
+
+def test_a_neighbour_of_a_held_node_is_not_called_slow_on_its_one_pair():
+    # Seen on 2 shared cores: master's one good pair at half the others' while worker-3 was held.
+    pairs = [_pair(0, 1, 0.05), _failed(2, 3), _pair(1, 2, 0.02), _failed(3, 0, **{"3": "silent"})]
+    result = fabric.figures(_report(pairs), HOSTS)
+    assert result.bad_hosts == ("worker-3",)
+    assert len(result.problems) == 1 and result.problems[0].startswith("no answer from host worker-3")

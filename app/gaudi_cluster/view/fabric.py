@@ -102,6 +102,7 @@ def figures(
             for h in hosts:
                 pair_bw[h].append(busbw(pair["bytes"], pair["seconds"], 2))
     named, links = localise(report.get("pairs", []), host_of)
+    touched = {host_of[r] for p in report.get("pairs", []) if "error" in p for r in p["ranks"]}
     silent |= set(named)
     silent |= _silent_in_world(report.get("full", {}), host_of, set(by_host))
     best = {h: max(v) for h, v in pair_bw.items() if v}
@@ -119,7 +120,14 @@ def figures(
         smallest = [min(run, key=lambda m: m["bytes"]) for run in ok_runs if run]
         node_bw = min((busbw(m["bytes"], m["seconds"], world) for m in largest), default=None)
         latency = max((m["seconds"] for m in smallest), default=None)
-        slow = median is not None and len(best) > 2 and host in best and best[host] < SLOW_RATIO * median
+        # A node with a failed pair is judged on one pair at most: too few to call it slow.
+        slow = (
+            median is not None
+            and len(best) > 2
+            and host in best
+            and host not in touched
+            and best[host] < SLOW_RATIO * median
+        )
         state = "no answer" if host in silent else "slow" if slow else "ok"
         if state == "ok" and down:
             state = "ports down"
@@ -158,6 +166,7 @@ def figures(
         )
     if not problems and not full and not silent:
         problems.append(f"the fabric check gave no figures (backend {report.get('backend')}); see rank logs")
+    problems.sort(key=lambda line: not line.startswith("no answer"))  # a dead node first: it stops
     named_links = [h for link in links for h in link]
     bad = tuple(dict.fromkeys([n.host for n in nodes if n.state != "ok"] + named_links))
     return FabricResult(
