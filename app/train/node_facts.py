@@ -30,10 +30,10 @@ def port_states(text: str) -> dict[str, str]:
     return states
 
 
-def facts(backend: str, gaudinet: str = "") -> dict[str, Any]:
+def facts(gaudinet: str = "") -> dict[str, Any]:
+    """The node's facts; its Gaudi NIC ports wherever hl-smi is (an HPU node, whatever the check's backend:
+    a port down stops HCCL, not the check's own traffic)."""
     found: dict[str, Any] = {"efa_devices": len(glob.glob("/dev/infiniband/uverbs*"))}
-    if backend != "hccl":
-        return found
     if shutil.which("hl-smi"):
         try:
             done = subprocess.run(
@@ -43,7 +43,7 @@ def facts(backend: str, gaudinet: str = "") -> dict[str, Any]:
                 found["ports"] = port_states(done.stdout)
         except (OSError, subprocess.TimeoutExpired):
             pass
-    if gaudinet:  # only L3 scale-out uses one: asked for by path, never guessed
+    if gaudinet:  # only L3 scale-out uses one: asked for by path ($GAUDINET_PATH), never guessed
         found["gaudinet"] = {"path": gaudinet, "present": os.path.isfile(gaudinet)}
     return found
 

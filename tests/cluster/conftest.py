@@ -1,6 +1,9 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -38,3 +41,100 @@ def make_cluster(request, image, cluster_keys, tmp_path) -> Iterator:
         if failed:
             print(cluster.all_logs())
         cluster.remove()
+
+
+@dataclass
+class HeldCluster(LocalCluster):
+    """A cluster whose master prepared it and stays up (GAUDI_CLUSTER_HOLD=1): every case is one exec."""
+
+    exec_env: dict[str, str] = field(default_factory=dict)  # given to every in_master command
+
+    def in_master(
+        self, *argv: str, env: dict[str, str] | None = None, timeout: float = 300
+    ) -> subprocess.CompletedProcess[str]:
+        command = ["docker", "exec", "-e", "GAUDI_CLUSTER_HOLD=0"]
+        for name, value in {**self.exec_env, **(env or {})}.items():
+            command += ["-e", f"{name}={value}"]
+        return subprocess.run(
+            [*command, self.master, *argv], capture_output=True, text=True, timeout=timeout, check=False
+        )
+
+
+@pytest.fixture(scope="module")
+def hold(image, cluster_keys, tmp_path_factory) -> Iterator[Callable[..., HeldCluster]]:
+    """Start held clusters for a test module (removed when it ends): `hold(workers=3, run_args=[...],
+    worker_args={...}, image=..., master_env={...}, exec_env={...})`."""
+    made: list[HeldCluster] = []
+
+    def start(master_env: dict[str, str] | None = None, **kwargs) -> HeldCluster:
+        kwargs.setdefault("image", image)
+        cluster = HeldCluster(key_dir=cluster_keys, output_dir=tmp_path_factory.mktemp("out"), **kwargs)
+        made.append(cluster)
+        try:
+            cluster.create_network()
+            cluster.start_workers()
+            cluster.wait_healthy(cluster.worker_names)
+            cluster.start_master(extra_env={"GAUDI_CLUSTER_HOLD": "1", **(master_env or {})})
+            deadline = time.monotonic() + 120
+            while cluster.exec(cluster.master, "test", "-s", "/run/gaudi-cluster/hostfile").returncode != 0:
+                assert time.monotonic() < deadline, cluster.all_logs()
+                time.sleep(0.5)
+        except BaseException:
+            print(cluster.all_logs())
+            raise
+        return cluster
+
+    yield start
+    for cluster in made:
+        cluster.remove()
+
+
+HPU_DIR = Path(__file__).resolve().parent / "hpu"
+HPU_DEVICES = [
+    *(f"/dev/null:/dev/accel/accel{i}" for i in range(9)),  # accel8: the intel_vpu stand-in
+    *(f"/dev/null:/dev/accel/accel_controlD{i}" for i in range(8)),
+    "/dev/null:/dev/infiniband/uverbs0",
+]
+
+
+@pytest.fixture(scope="module")
+def hpu_image(image) -> str:
+    """The test-only HPU-shaped layer on the cpu image (tests/cluster/hpu/Dockerfile, never shipped), its
+    Open MPI and libfabric trees where profiles.json puts them for the default and the dl1 profile."""
+    from gaudi_cluster.settings import profiles
+
+    today = profiles.load().profile(profiles.load().default)
+    dl1 = profiles.load().profile("dl1")
+    tag = f"{image}-hpu-test" if ":" in image else f"{image}:hpu-test"
+    shapes = {
+        "PROFILE": today.name,
+        "OPENMPI_ROOT": today.openmpi.root,
+        "OPENMPI_VERSION": today.openmpi.version or f"{today.openmpi.major}.0.0",
+        "LIBFABRIC_ROOT": today.libfabric_root,
+        "DL1_OPENMPI_ROOT": dl1.openmpi.root,
+        "DL1_OPENMPI_VERSION": dl1.openmpi.version or f"{dl1.openmpi.major}.1.6",
+        "DL1_LIBFABRIC_ROOT": dl1.libfabric_root,
+    }
+    args = [word for name, value in shapes.items() for word in ("--build-arg", f"{name}={value}")]
+    subprocess.run(
+        ["docker", "build", "-q", "-t", tag, "--build-arg", f"BASE={image}", *args, str(HPU_DIR)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    return tag
+
+
+@pytest.fixture(scope="module")
+def hold_hpu(hold, hpu_image) -> Callable[..., HeldCluster]:
+    """Start a held cluster of HPU-shaped nodes (8 accel devices and one uverbs device each, tests/cluster/
+    hpu mounted at /workspace/hpu); no GAUDI_CLUSTER_SLOTS anywhere: the slots come from the devices."""
+
+    def start(**kwargs) -> HeldCluster:
+        run_args = ["-v", f"{HPU_DIR}:/workspace/hpu:ro"]
+        for device in HPU_DEVICES:
+            run_args += ["--device", device]
+        no_slots = {"GAUDI_CLUSTER_SLOTS": ""}
+        return hold(image=hpu_image, run_args=run_args, master_env=no_slots, exec_env=no_slots, **kwargs)
+
+    return start

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -24,15 +23,9 @@ from gaudi_cluster.settings import profiles
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
-HPU_DIR = Path(__file__).resolve().parent / "hpu"
 ROOT = Path(__file__).resolve().parents[2]
 JOB = "/workspace/hpu/rank_env.py"
 FAKE = "/etc/fake-habana"
-DEVICES = [
-    *(f"/dev/null:/dev/accel/accel{i}" for i in range(9)),  # accel8: the intel_vpu stand-in
-    *(f"/dev/null:/dev/accel/accel_controlD{i}" for i in range(8)),
-    "/dev/null:/dev/infiniband/uverbs0",
-]
 # The runtime paths every HPU preset carries (GAUDINIC_DEFAULTS), and what the master forwards of its
 # own environment (DS_ACCELERATOR, TORCH_EXTENSIONS_DIR, PATH: allow-listed) plus the timeouts.
 HABANA_RUNTIME = {
@@ -51,58 +44,9 @@ DRIVER = "1.24.1-b336d5e"
 
 
 @pytest.fixture(scope="module")
-def hpu_image(image) -> str:
-    tag = f"{image}-hpu-test" if ":" in image else f"{image}:hpu-test"
-    shapes = {
-        "PROFILE": TODAY.name,
-        "OPENMPI_ROOT": TODAY.openmpi.root,
-        "OPENMPI_VERSION": TODAY.openmpi.version or f"{TODAY.openmpi.major}.0.0",
-        "LIBFABRIC_ROOT": TODAY.libfabric_root,
-        "DL1_OPENMPI_ROOT": DL1.openmpi.root,
-        "DL1_OPENMPI_VERSION": DL1.openmpi.version or f"{DL1.openmpi.major}.1.6",
-        "DL1_LIBFABRIC_ROOT": DL1.libfabric_root,
-    }
-    args = [word for name, value in shapes.items() for word in ("--build-arg", f"{name}={value}")]
-    subprocess.run(
-        ["docker", "build", "-q", "-t", tag, "--build-arg", f"BASE={image}", *args, str(HPU_DIR)],
-        check=True,
-        capture_output=True,
-        timeout=600,
-    )
-    return tag
-
-
-@pytest.fixture(scope="module")
-def cluster(hpu_image, cluster_keys, tmp_path_factory):
+def cluster(hold_hpu):
     """A master that prepared the cluster (EFA present everywhere) and stays up: every case is an exec."""
-    from gaudi_cluster_dev.localcluster import LocalCluster
-
-    run_args = ["-v", f"{HPU_DIR}:/workspace/hpu:ro"]
-    for device in DEVICES:
-        run_args += ["--device", device]
-    cluster = LocalCluster(
-        image=hpu_image,
-        key_dir=cluster_keys,
-        workers=2,
-        output_dir=tmp_path_factory.mktemp("out"),
-        run_args=run_args,
-    )
-    try:
-        cluster.create_network()
-        cluster.start_workers()
-        cluster.wait_healthy(cluster.worker_names)
-        # No GAUDI_CLUSTER_SLOTS: the slots must come from the devices.
-        cluster.start_master(extra_env={"GAUDI_CLUSTER_HOLD": "1", "GAUDI_CLUSTER_SLOTS": ""})
-        deadline = time.monotonic() + 120
-        while cluster.exec(cluster.master, "test", "-s", "/run/gaudi-cluster/hostfile").returncode != 0:
-            assert time.monotonic() < deadline, cluster.all_logs()
-            time.sleep(0.5)
-        yield cluster
-    except BaseException:
-        print(cluster.all_logs())
-        raise
-    finally:
-        cluster.remove()
+    return hold_hpu(workers=2)
 
 
 def nodes(cluster) -> list[str]:
@@ -122,11 +66,7 @@ def set_providers(cluster, providers: str) -> None:
 def in_master(
     cluster, *argv: str, timeout: float = 300, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    command = ["docker", "exec", "-e", "GAUDI_CLUSTER_HOLD=0", "-e", "GAUDI_CLUSTER_SLOTS="]
-    for name, value in (env or {}).items():
-        command += ["-e", f"{name}={value}"]
-    command.append(cluster.master)
-    return subprocess.run([*command, *argv], capture_output=True, text=True, timeout=timeout, check=False)
+    return cluster.in_master(*argv, env=env, timeout=timeout)
 
 
 def shape(cluster, name: str, profile: str, card: str, driver: str) -> None:

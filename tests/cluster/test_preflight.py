@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -16,41 +15,13 @@ USER_SCRIPT = "/workspace/user/allreduce.py"
 
 
 @pytest.fixture(scope="module")
-def held(request, image, cluster_keys, tmp_path_factory):
+def held(hold):
     """A master that prepared the cluster and stays up, so every case is one `docker exec`."""
-    from gaudi_cluster_dev.localcluster import LocalCluster
-
-    cluster = LocalCluster(
-        image=image,
-        key_dir=cluster_keys,
-        workers=2,
-        output_dir=tmp_path_factory.mktemp("out"),
-        run_args=["-v", f"{USER_DIR}:/workspace/user:ro"],
-    )
-    try:
-        cluster.create_network()
-        cluster.start_workers()
-        cluster.wait_healthy(cluster.worker_names)
-        cluster.start_master(extra_env={"GAUDI_CLUSTER_HOLD": "1"})
-        deadline = time.monotonic() + 120
-        while cluster.exec(cluster.master, "test", "-s", "/run/gaudi-cluster/hostfile").returncode != 0:
-            assert time.monotonic() < deadline, cluster.all_logs()
-            time.sleep(0.5)
-        yield cluster
-    except BaseException:
-        print(cluster.all_logs())
-        raise
-    finally:
-        cluster.remove()
+    return hold(workers=2, run_args=["-v", f"{USER_DIR}:/workspace/user:ro"])
 
 
 def run_in_master(cluster, *argv: str, env: dict[str, str] | None = None, timeout: float = 120):
-    command = ["docker", "exec", "-e", "GAUDI_CLUSTER_HOLD=0"]
-    for key, value in (env or {}).items():
-        command += ["-e", f"{key}={value}"]
-    return subprocess.run(
-        [*command, cluster.master, *argv], capture_output=True, text=True, timeout=timeout, check=False
-    )
+    return cluster.in_master(*argv, env=env, timeout=timeout)
 
 
 def write_in_master(cluster, path: str, text: str) -> None:

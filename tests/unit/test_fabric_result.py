@@ -6,7 +6,7 @@ import json
 
 import pytest
 from gaudi_cluster.view import fabric
-from train.allreduce_check import ring_rounds
+from train.fabric_rounds import ring_rounds
 
 HOSTS = {0: "master", 1: "worker-1", 2: "worker-2", 3: "worker-3"}
 MB8 = 8 << 20
@@ -157,3 +157,79 @@ def test_a_failed_pair_carries_the_hccl_log_tail_into_the_details():
     pairs = [_pair(0, 1, 0.01), {"ranks": [2, 3], **error}, {"ranks": [1, 2], **error}, _pair(3, 0, 0.01)]
     result = fabric.figures(_report(pairs), HOSTS)
     assert "  hccl.log: link 3 down" in result.details
+
+
+def _failed(a: int, b: int, kind: str = "timeout", **sides: str) -> dict:
+    both = {str(a): kind, str(b): kind, **sides}
+    return {"ranks": [a, b], "error": "Operation timed out!", "kind": kind, "sides": both}
+
+
+def test_the_held_node_is_named_not_the_neighbour_a_stalled_round_made_late():
+    # worker-3 held: its two pairs time out; worker-2, still held by round 0, fails its next pair late.
+    pairs = [_pair(0, 1, 0.01), _failed(2, 3), {**_failed(1, 2), "late": [2]}, _failed(3, 0)]
+    result = fabric.figures(_report(pairs), HOSTS)
+    assert result.bad_hosts == ("worker-3",)
+    assert result.problems[0].startswith("no answer from host worker-3 within 20 s")
+    assert "pair worker-2 - worker-3 (timeout): Operation timed out!" in result.details
+
+
+def test_without_the_late_mark_the_silent_side_is_named_first():
+    # worker-2 and worker-3 both lost both pairs; worker-3's own side never answered one of them.
+    pairs = [_pair(0, 1, 0.01), _failed(2, 3, **{"3": "silent"}), _failed(1, 2), _failed(3, 0)]
+    named, links = fabric.localise(pairs, HOSTS)
+    assert named == ["worker-3", "worker-2"] and links == []  # worker-2's link to worker-1 failed too
+    # A peer that saw the other side close blames it: worker-2 and worker-3 lost both, worker-2 closed.
+    pairs = [_pair(0, 1, 0.01), _failed(2, 3), _failed(1, 2, "closed", **{"2": "timeout"}), _failed(3, 0)]
+    assert fabric.localise(pairs, HOSTS)[0][0] == "worker-2"
+
+
+def test_a_link_no_host_explains_names_both_ends_and_the_pairs_inside_a_host_do_not_count():
+    # Two ranks per node: (0,1) and (2,3) are inside a node; the links are (1,2) and (3,0).
+    two = {0: "a", 1: "a", 2: "b", 3: "b", 4: "c", 5: "c"}
+    pairs = [_pair(0, 1, 0.01), _pair(2, 3, 0.01), _pair(4, 5, 0.01)]
+    pairs += [_failed(1, 2), _pair(3, 4, 0.01), _pair(5, 0, 0.01)]
+    report = {"world": 6, "backend": "gloo", "timeout_s": 10.0, "pairs": pairs}
+    result = fabric.figures(report, two)
+    assert result.bad_hosts == ("a", "b")
+    assert result.problems[0].startswith("no answer between hosts a and b within 10 s")
+    # A held node with two ranks: both of its links fail, its inner pair does not clear it.
+    pairs[4] = _failed(3, 4)
+    assert fabric.figures(report, two).bad_hosts == ("b",)
+
+
+def test_error_kinds_and_the_pair_merged_from_its_two_sides():
+    from train.fabric_rounds import kind_of, merge_sides
+
+    assert kind_of(RuntimeError("Operation timed out!")) == "timeout"
+    assert kind_of(TimeoutError()) == "timeout"
+    assert kind_of(RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer")) == "closed"
+    assert kind_of(RuntimeError("Connection reset by peer")) == "closed"
+    assert kind_of(ValueError("bad size")) == "error"
+    ok = {"kind": "ok", "bytes": MB8, "seconds": 0.02}
+    assert merge_sides((0, 1), {0: ok, 1: {**ok, "seconds": 0.03}}, 10)["seconds"] == 0.03
+    merged = merge_sides((0, 1), {0: {"kind": "timeout", "error": "Operation timed out!"}, 1: None}, 10)
+    assert merged["kind"] == "silent" and merged["sides"] == {"0": "timeout", "1": "silent"}
+    assert merged["error"] == "Operation timed out!"
+    late = merge_sides((2, 3), {2: {"kind": "closed", "error": "x", "late": 9.5}, 3: ok}, 10)
+    assert late["late"] == [2] and late["kind"] == "closed"
+
+
+def test_rounds_stop_once_the_pairs_so_far_name_a_node():
+    from train.fabric_rounds import settled
+
+    rounds = ring_rounds(5)  # [(0,1),(2,3)], [(1,2),(3,4)], [(4,0)]
+    one_host_each = {r: f"h{r}" for r in range(5)}
+    assert not settled([], rounds, one_host_each)
+    first = [_failed(0, 1), _pair(2, 3, 0.01)]
+    assert not settled(first, rounds, one_host_each)  # 0 or 1: the next round tells
+    assert settled([*first, _failed(1, 2), _pair(3, 4, 0.01)], rounds, one_host_each)  # h1 lost both
+    healthy = [_pair(0, 1, 0.01), _pair(2, 3, 0.01), _pair(1, 2, 0.01), _pair(3, 4, 0.01)]
+    assert not settled(healthy, rounds, one_host_each)
+
+
+def test_a_neighbour_of_a_held_node_is_not_called_slow_on_its_one_pair():
+    # Seen on 2 shared cores: master's one good pair at half the others' while worker-3 was held.
+    pairs = [_pair(0, 1, 0.05), _failed(2, 3), _pair(1, 2, 0.02), _failed(3, 0, **{"3": "silent"})]
+    result = fabric.figures(_report(pairs), HOSTS)
+    assert result.bad_hosts == ("worker-3",)
+    assert len(result.problems) == 1 and result.problems[0].startswith("no answer from host worker-3")

@@ -91,23 +91,20 @@ def figures(
     host_of = dict(rank_hosts)
     silent: set[str] = {host_of[r] for r in report.get("no_answer", {}).get("ranks", [])}
     pair_bw: dict[str, list[float]] = {h: [] for h in by_host}
-    failed: dict[str, int] = {h: 0 for h in by_host}
-    seen: dict[str, int] = {h: 0 for h in by_host}
     details = []
     for pair in report.get("pairs", []):
         hosts = [host_of[r] for r in pair["ranks"]]
-        for h in hosts:
-            seen[h] += 1
         if "error" in pair:
-            details.append(f"pair {' - '.join(hosts)}: {pair['error']}")
+            kind = f" ({pair['kind']})" if pair.get("kind") else ""
+            details.append(f"pair {' - '.join(hosts)}{kind}: {pair['error']}")
             details += [f"  {line}" for line in pair.get("log_tail", [])]
-            for h in hosts:
-                failed[h] += 1
         elif hosts[0] != hosts[1]:
             for h in hosts:
                 pair_bw[h].append(busbw(pair["bytes"], pair["seconds"], 2))
-    # The node common to the failed pairs: every pair it is in failed (its neighbours have a good one).
-    silent |= {h for h in by_host if seen[h] and failed[h] == seen[h]}
+    named, links = localise(report.get("pairs", []), host_of)
+    touched = {host_of[r] for p in report.get("pairs", []) if "error" in p for r in p["ranks"]}
+    silent |= set(named)
+    silent |= _silent_in_world(report.get("full", {}), host_of, set(by_host))
     best = {h: max(v) for h, v in pair_bw.items() if v}
     median = statistics.median(best.values()) if best else None
     full = report.get("full", {})
@@ -123,7 +120,14 @@ def figures(
         smallest = [min(run, key=lambda m: m["bytes"]) for run in ok_runs if run]
         node_bw = min((busbw(m["bytes"], m["seconds"], world) for m in largest), default=None)
         latency = max((m["seconds"] for m in smallest), default=None)
-        slow = median is not None and len(best) > 2 and host in best and best[host] < SLOW_RATIO * median
+        # A node with a failed pair is judged on one pair at most: too few to call it slow.
+        slow = (
+            median is not None
+            and len(best) > 2
+            and host in best
+            and host not in touched
+            and best[host] < SLOW_RATIO * median
+        )
         state = "no answer" if host in silent else "slow" if slow else "ok"
         if state == "ok" and down:
             state = "ports down"
@@ -150,9 +154,21 @@ def figures(
                 f"host {host}: {gaudinet.get('path')} is missing (L3 scale-out reads it); fix: write it "
                 f"there, or {_fix([drop.get(host, host)])[5:]}"
             )
+    for a, b in links:
+        problems.append(
+            f"no answer between hosts {a} and {b} within {timeout:g} s (each answers its other neighbour); "
+            f"fix: check the link between them, or drop one with --exclude {drop.get(a, a)}"
+        )
+    if not problems and _world_failed(full):
+        problems.append(
+            f"the world all-reduce failed on every node ({_world_failed(full)}); fix: see the rank logs "
+            "and run doctor --fabric"
+        )
     if not problems and not full and not silent:
         problems.append(f"the fabric check gave no figures (backend {report.get('backend')}); see rank logs")
-    bad = tuple(n.host for n in nodes if n.state != "ok")
+    problems.sort(key=lambda line: not line.startswith("no answer"))  # a dead node first: it stops
+    named_links = [h for link in links for h in link]
+    bad = tuple(dict.fromkeys([n.host for n in nodes if n.state != "ok"] + named_links))
     return FabricResult(
         str(report.get("backend", "")),
         world,
@@ -163,6 +179,63 @@ def figures(
         bad,
         tuple(details),
     )
+
+
+def localise(
+    pairs: Sequence[Mapping[str, Any]], host_of: Mapping[int, str]
+) -> tuple[list[str], list[tuple[str, str]]]:
+    """The hosts the failed pairs name, and the failed links that no named host explains.
+
+    A link (two ranks on two hosts) that failed because one side was still held by an earlier test
+    (`late`) is that test's cascade and counts for nothing. A host is a suspect when every link of it
+    failed; suspects are named most-failed first (then most blamed: its own side silent, or a peer that
+    saw it close) until every failed link has a named host. A pair within one host names that host.
+    """
+    failed: list[frozenset[str]] = []
+    seen: dict[str, int] = {}
+    lost: dict[str, int] = {}
+    blame: dict[str, int] = {}
+    named: list[str] = []
+    for pair in pairs:
+        a, b = pair["ranks"]
+        hosts = (host_of[a], host_of[b])
+        if pair.get("late"):
+            continue
+        if hosts[0] == hosts[1]:
+            if "error" in pair and hosts[0] not in named:
+                named.append(hosts[0])
+            continue
+        for h in hosts:
+            seen[h] = seen.get(h, 0) + 1
+        if "error" not in pair:
+            continue
+        failed.append(frozenset(hosts))
+        sides = pair.get("sides", {})
+        for rank, peer in ((a, b), (b, a)):
+            lost[host_of[rank]] = lost.get(host_of[rank], 0) + 1
+            if sides.get(str(rank)) == "silent" or sides.get(str(peer)) == "closed":
+                blame[host_of[rank]] = blame.get(host_of[rank], 0) + 1
+    suspects = [h for h in seen if lost.get(h, 0) == seen[h]]
+    while True:
+        open_links = [link for link in failed if not link & set(named)]
+        options = [h for h in suspects if h not in named and any(h in link for link in open_links)]
+        if not options:
+            break
+        named.append(max(options, key=lambda h: (sum(h in link for link in open_links), blame.get(h, 0))))
+    left = list(dict.fromkeys(tuple(sorted(link)) for link in failed if not link & set(named)))
+    return named, [(a, b) for a, b in left]
+
+
+def _silent_in_world(full: Mapping[str, Any], host_of: Mapping[int, str], hosts: set[str]) -> set[str]:
+    """Hosts with a rank that never answered the world test, where others did (one who answered names it)."""
+    quiet = {host_of[int(r)] for r, run in full.items() if any(m.get("kind") == "silent" for m in run)}
+    return quiet if quiet != hosts else set()
+
+
+def _world_failed(full: Mapping[str, Any]) -> str:
+    """The first world all-reduce error, or "" when none failed."""
+    errors = [m["error"] for run in full.values() for m in run if "error" in m]
+    return errors[0] if errors else ""
 
 
 def no_report(hosts: Sequence[str], timeout_s: float, why: str) -> FabricResult:
