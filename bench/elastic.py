@@ -24,7 +24,7 @@ from pathlib import Path
 from gaudi_cluster_dev.localcluster import LocalCluster
 
 from bench.common import EVENT_PREFIX, Ctx, Row, Streamed, Target, failed_row, log, stat
-from bench.nodes import DS_CPU, RUN_CLM, new_cluster, prepare_raw_env, start_held_master
+from bench.nodes import DS_CPU, RUN_CLM, bring_up_held, new_cluster, prepare_raw_env
 
 CAP = 300.0
 RDZV_PORT = 29400
@@ -98,10 +98,7 @@ def scenario(ctx: Ctx, who: str) -> dict:
     cluster = new_cluster(ctx, f"elastic-{who}")
     procs: list[Streamed] = []
     try:
-        cluster.create_network()
-        cluster.start_workers()
-        cluster.wait_healthy(cluster.worker_names, timeout_s=120)
-        start_held_master(cluster)
+        bring_up_held(cluster)
         master_ip = prepare_raw_env(cluster)
         procs = start_ours(cluster) if who == "ours" else start_torchrun(cluster, master_ip)
 

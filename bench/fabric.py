@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from gaudi_cluster_dev.localcluster import LocalCluster
 
 from bench.common import Ctx, Row, Target, failed_row, log, stat
-from bench.nodes import new_cluster, start_held_master
+from bench.nodes import bring_up_held, new_cluster
 
 SIZE, ITERS = 8 << 20, 5  # the check's largest size and its iteration count
 PLAIN = f"""
@@ -54,10 +54,7 @@ def plain_loop(cluster: LocalCluster, nodes: list[str], master_ip: str) -> float
 def run(ctx: Ctx) -> list[Row]:
     try:
         cluster = new_cluster(ctx, "fabric", workers=2)
-        cluster.create_network()
-        cluster.start_workers()
-        cluster.wait_healthy(cluster.worker_names)
-        start_held_master(cluster)
+        bring_up_held(cluster)
         nodes = [cluster.master, *cluster.worker_names]
         master_ip = cluster.ip_of(cluster.master)
         walls, ours, theirs = [], [], []

@@ -18,13 +18,13 @@ from gaudi_cluster_dev.localcluster import LocalCluster
 
 from bench.common import Ctx, Row, Streamed, Target, failed_row, log, stat
 from bench.nodes import (
+    bring_up_held,
     exec_ours,
     exec_raw,
     job_argv,
     job_processes,
     new_cluster,
     prepare_raw_env,
-    start_held_master,
 )
 
 CAP = 60.0
@@ -81,10 +81,7 @@ def scenario(ctx: Ctx, kind: str, who: str, cap: float) -> dict:
     cluster = new_cluster(ctx, f"fail-{kind}-{who}")
     proc: Streamed | None = None
     try:
-        cluster.create_network()
-        cluster.start_workers()
-        cluster.wait_healthy(cluster.worker_names, timeout_s=120)
-        start_held_master(cluster)
+        bring_up_held(cluster)
         master_ip = prepare_raw_env(cluster)
         job = job_argv(f"/workspace/output/fail-{who}", LONG_STEPS)
         proc = exec_ours(cluster, job) if who == "ours" else exec_raw(cluster, master_ip, job)

@@ -89,6 +89,14 @@ def start_held_master(
     raise RuntimeError(f"held master not ready:\n{cluster.logs(cluster.master)[-3000:]}")
 
 
+def bring_up_held(cluster: LocalCluster) -> None:
+    """A fresh cluster's network and workers, then a held master that prepared them ('cluster ready')."""
+    cluster.create_network()
+    cluster.start_workers()
+    cluster.wait_healthy(cluster.worker_names, timeout_s=120)
+    start_held_master(cluster)
+
+
 def prepare_raw_env(cluster: LocalCluster) -> str:
     """What a user of the raw launcher prepares by hand: the env file the master generated (same values
     for both sides), copied; keys and hostfile are already in place. Returns the master's address."""

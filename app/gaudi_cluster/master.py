@@ -96,6 +96,7 @@ def run_master(
                 return exit_code
             fabric_figures = checked.to_json()
         chosen: FoundNodes | None = None  # a restart's nodes, planned from the last attempt's
+        restarting = restart.RestartSettings.from_config(config)
         while True:
             job = prepare_attempt(config, program, environ, options, attempt, chosen)
             if config.dry_run:
@@ -115,16 +116,14 @@ def run_master(
                 return exit_code
             try:
                 planned, shown, chosen, program, lines = restart.next_attempt(
-                    config, job.survey, job.ranks_by_host, excluded, lost_names, program
+                    restarting, job.survey, job.ranks_by_host, excluded, lost_names, program
                 )
             except ClusterNotReady as error:
                 write_lines(out, [f"job {job.job_id} stops: {error}"])
                 exit_code = error.exit_code
                 return exit_code
-            again = (
-                f"restarting the job from its latest checkpoint (restart {attempt} of {config.max_restarts})"
-            )
-            write_lines(out, [*lines, again])
+            again = f"restart {attempt} of {config.max_restarts}"
+            write_lines(out, [*lines, f"restarting the job from its latest checkpoint ({again})"])
             excluded, newcomers = planned.nodes.excluded, planned.newcomers
             attempt += 1
     finally:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 import re
-import time
 
 import pytest
 from gaudi_cluster_dev.localcluster import docker
+
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -29,16 +30,6 @@ def job(out: str = "/workspace/output") -> list[str]:
         "--per_device_train_batch_size", "4", "--learning_rate", "2e-3", "--warmup_steps", "0",
         "--seed", "7", "--no_plot",
     ]  # fmt: skip
-
-
-def wait_for(predicate, timeout_s: float, interval_s: float = 0.2):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval_s)
-    return None
 
 
 def started(make_cluster, workers: int):

@@ -10,6 +10,8 @@ import time
 import pytest
 from gaudi_cluster_dev.localcluster import docker
 
+from tests.support.waiting import wait_for
+
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 SCRIPT = "/opt/gaudi-cluster/app/train/run_clm.py"
@@ -31,16 +33,6 @@ def long_job(max_steps: int, save_steps: int = 10) -> list[str]:
         "--logging_steps",
         "1",
     ]
-
-
-def wait_for(predicate, timeout_s: float, interval_s: float = 0.25):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval_s)
-    return None
 
 
 def rank0_step(cluster) -> int:

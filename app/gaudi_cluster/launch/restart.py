@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from gaudi_cluster.errors import ClusterNotReady
 from gaudi_cluster.launch import attempts
@@ -13,8 +14,21 @@ from gaudi_cluster.nodes.survey import NodeSurvey
 from gaudi_cluster.settings.config import ClusterConfig
 
 
+@dataclass(frozen=True)
+class RestartSettings:
+    """What planning a restart reads of the cluster's settings, and nothing else."""
+
+    min_nodes: int | None
+    take_back: bool
+    env: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def from_config(cls, config: ClusterConfig) -> RestartSettings:
+        return cls(config.min_nodes, config.take_back, config.env)
+
+
 def next_attempt(
-    config: ClusterConfig,
+    settings: RestartSettings,
     survey: NodeSurvey,
     ranks_by_host: Mapping[str, int],
     excluded: tuple[str, ...],
@@ -32,10 +46,12 @@ def next_attempt(
     previous = attempts.NodeSet(survey.hosts, survey.spares, excluded)
     slots = {**{host: r.slots for host, r in survey.spare_reports.items()}, **ranks_by_host}
     names = {host: name for name, host in by_name.items()}
-    planned = attempts.plan_next(previous, lost, config.min_nodes, slots, program, names, config.take_back)
+    planned = attempts.plan_next(
+        previous, lost, settings.min_nodes, slots, program, names, settings.take_back
+    )
     nodes = planned.nodes
     shown = attempts.renamed(planned, names)
-    problem = attempts.zero_problem(zero_stage(program), node_local(program, config), shown)
+    problem = attempts.zero_problem(zero_stage(program), node_local(program, settings.env), shown)
     if problem is not None:
         raise ClusterNotReady(problem)
     lines = [shown.line()] if planned.replaced or planned.dropped else []
@@ -66,7 +82,7 @@ def zero_stage(program: Sequence[str]) -> int:
         return 0
 
 
-def node_local(program: Sequence[str], config: ClusterConfig) -> bool:
+def node_local(program: Sequence[str], env: Sequence[tuple[str, str]]) -> bool:
     """Whether each node keeps its own checkpoints (train/arguments.py: unless --shared_output)."""
-    shared = "--shared_output" in program or ("GAUDI_CLUSTER_SHARED_OUTPUT", "1") in config.env
+    shared = "--shared_output" in program or ("GAUDI_CLUSTER_SHARED_OUTPUT", "1") in env
     return not shared
