@@ -133,6 +133,7 @@ class _Run:
     """One master and one swarm, their JSON lines merged into one queue."""
 
     def __init__(self, app: Path, nodes: int, straggler_check: bool = True) -> None:
+        # Ours speaks as the node relays do (one connection per node); the old server knows only ranks.
         env = {**os.environ, "SWARM_SECRET": secrets.token_hex(32), "PYTHONUNBUFFERED": "1"}
         self.events: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
         self.seen: dict[tuple[str, str], dict[str, Any]] = {}
@@ -147,7 +148,7 @@ class _Run:
         self.swarm = subprocess.Popen(
             [sys.executable, "-m", "gaudi_cluster_dev.swarm", "--port", str(port), "--job", JOB,
              "--nodes", str(nodes), "--per-node", str(PER_NODE), "--cpu", "1", "--steer",
-             "--deadline", "400"],
+             "--deadline", "400", *(["--relays"] if app == NEW_APP else [])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             env={**env, "PYTHONPATH": f"{NEW_APP}:{DEV}"},
         )  # fmt: skip

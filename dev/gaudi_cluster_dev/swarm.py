@@ -1,13 +1,16 @@
 """A swarm: one process playing N nodes x R rank agents against a master's control port.
 
-Every simulated rank speaks the real protocol (`gaudi_cluster.wire.protocol`): the challenge, a
-hello naming its node, host and rank, the master's welcome checked against its node's key, the
-proof, then sealed beats every second carrying work times (two steps a second), and its exit when
-the master's sealed stop arrives. Node i connects from its own loopback address (127.1.x.y), so
-the master's per-address admission works as on a training network. One thread and a selector:
-8,000 ranks fit one core, where 8,000 agent processes would not fit the machine.
+Every simulated peer speaks the real protocol (`gaudi_cluster.wire.protocol`): the challenge, a
+hello naming its node and host, the master's welcome checked against its node's key, the proof,
+then sealed messages. With --relays (what the agents do since one connection per node) each node
+is one peer, its relay: it joins its R ranks, beats once a second for all of them (work times of two
+steps a second per rank, unchanged fields left out, as `rank.relay_beats` does) and answers the
+master's stop with every rank's exit. Without it (what an older master speaks) every rank is a peer
+of its own. Node i connects from its own loopback address (127.1.x.y), so the master's per-address
+admission works as on a training network. One thread and a selector: 8,000 ranks fit one core,
+where 8,000 agent processes would not fit the machine.
 
-  SWARM_SECRET=<attempt secret> python -m gaudi_cluster_dev.swarm --port P --job J --nodes N
+  SWARM_SECRET=<attempt secret> python -m gaudi_cluster_dev.swarm --port P --job J --nodes N [--relays]
 
 Lines on stdin steer it: `reset I` (node I's connections reset, as when it crashes), `silence I`
 (node I stops beating, as when it freezes), `exit` (every rank exits 0), `quit`. It says what
@@ -44,9 +47,9 @@ _OVER = ("done", "reset")
 
 @dataclass
 class Counts:
-    welcomed: int = 0  # ranks whose handshake completed (the master proved itself, they proved back)
+    welcomed: int = 0  # ranks seated (their own handshake done, or their relay's and their join)
     handshake_failures: int = 0  # refused, cut or unproven handshakes (each retried)
-    stops: int = 0  # ranks that received the master's sealed stop
+    stops: int = 0  # ranks the master's sealed stop reached
     beats_sent: int = 0
     beats_received: int = 0
     dropped: int = 0  # master messages that failed their session check
@@ -56,28 +59,41 @@ class Counts:
 
 
 class Rank:
-    def __init__(self, rank: int, node: int, local: int) -> None:
-        self.rank, self.node, self.local = rank, node, local
+    """One connection: a rank's own, or (ranks of a whole node, rank NODE_RANK) its node relay's."""
+
+    def __init__(self, number: int, node: int, ranks: list[int], local: int = 0, relay: bool = False) -> None:
+        self.number, self.node, self.ranks, self.local, self.relay = number, node, ranks, local, relay
+        self.rank = protocol.NODE_RANK if relay else ranks[0]
         self.sock: socket.socket | None = None
         self.lines = LineBuffer()
-        self.state = "idle"  # connecting, welcome, running, done
+        self.state = "idle"  # connecting, welcome, joining (a relay), running, done
         self.master_nonce = self.nonce = ""
         self.session: protocol.Session | None = None
-        self.step = self.sent_upto = 0
+        self.step = self.sent_upto = self.seated = 0
         self.silent = False
 
 
 class Swarm:
-    def __init__(self, plan: SwarmPlan, port: int, job: str, secret: str, out: Any = sys.stdout) -> None:
+    def __init__(
+        self, plan: SwarmPlan, port: int, job: str, secret: str, out: Any = sys.stdout, relays: bool = False
+    ) -> None:
         self.plan, self.port, self.job, self.out = plan, port, job, out
         self.keys = [protocol.node_key(secret, plan.node(i)) for i in range(plan.nodes)]
-        self.ranks = [Rank(r, r // plan.per_node, r % plan.per_node) for r in range(plan.ranks)]
+        per = plan.per_node
+        if relays:
+            self.ranks = [
+                Rank(n, n, list(range(n * per, (n + 1) * per)), relay=True) for n in range(plan.nodes)
+            ]
+        else:
+            self.ranks = [Rank(r, r // per, [r], r % per) for r in range(plan.ranks)]
         self.selector = selectors.DefaultSelector()
         self.timers: list[tuple[float, int, str]] = []  # (when, rank, what): beats and retries
         self.counts = Counts()
         self.told_all = self.welcomed_all = False
         self.quitting = False  # SIGTERM: end the loop, the report is still written
-        self.left = plan.ranks  # ranks not yet done (stopped, exited, closed by the master) or reset
+        self.left = len(
+            self.ranks
+        )  # connections not yet done (stopped, exited, closed by the master) or reset
         self.first_stop = self.last_stop = 0.0
 
     def say(self, event: str, **fields: Any) -> None:
@@ -109,7 +125,7 @@ class Swarm:
     def failed(self, rank: Rank) -> None:
         self.counts.handshake_failures += 1
         self.drop(rank, "idle")
-        heapq.heappush(self.timers, (time.monotonic() + RETRY_S, rank.rank, "connect"))
+        heapq.heappush(self.timers, (time.monotonic() + RETRY_S, rank.number, "connect"))
 
     def send(self, rank: Rank, message: dict[str, Any]) -> None:
         assert rank.sock is not None
@@ -141,7 +157,7 @@ class Swarm:
             message = {}
         names = lambda: (rank.master_nonce, rank.nonce, self.job, self.plan.node(rank.node),  # noqa: E731
                          self.plan.host(rank.node), rank.rank)  # fmt: skip
-        key = self.keys[rank.node]
+        key, node, host = self.keys[rank.node], self.plan.node(rank.node), self.plan.host(rank.node)
         if rank.state == "connecting":
             if message.get("type") != "challenge":
                 self.failed(rank)
@@ -151,9 +167,9 @@ class Swarm:
                 protocol.new_nonce(),
                 "welcome",
             )
-            node, host = self.plan.node(rank.node), self.plan.host(rank.node)
-            self.send(rank, {"type": "hello", "job": self.job, "node": node, "host": host, "rank": rank.rank,
-                             "local_rank": rank.local, "pid": os.getpid(), "nonce": rank.nonce})  # fmt: skip
+            hello = {"type": "hello", "job": self.job, "node": node, "host": host, "rank": rank.rank,
+                     "local_rank": rank.local, "pid": os.getpid(), "nonce": rank.nonce}  # fmt: skip
+            self.send(rank, {**hello, "role": "node"} if rank.relay else hello)
         elif rank.state == "welcome":
             if message.get("type") != "welcome" or not protocol.same_mac(
                 protocol.welcome_mac(key, *names()), message.get("mac")
@@ -164,38 +180,75 @@ class Swarm:
             rank.session = protocol.Session(
                 protocol.session_key(key, rank.master_nonce, rank.nonce, self.job, rank.rank), "agent"
             )
-            rank.state = "running"
-            self.counts.welcomed += 1
-            heapq.heappush(self.timers, (time.monotonic() + 1.0, rank.rank, "beat"))
-            if self.counts.welcomed == self.plan.ranks and not self.welcomed_all:
-                self.welcomed_all = True
-                self.say("welcomed", ranks=self.counts.welcomed)
+            if rank.relay:
+                rank.state, rank.seated = "joining", 0
+                for number in rank.ranks:
+                    self.send(rank, {"type": "join", "rank": number, "host": host, "node": node,
+                                     "pid": os.getpid(), "local_rank": number - rank.ranks[0]})  # fmt: skip
+            else:
+                self.running(rank, 1)
         else:
             assert rank.session is not None
+            kind = message.get("type")
             if rank.session.open(message) is not None:
                 self.counts.dropped += 1
-            elif message.get("type") == "stop":
-                self.counts.stops += 1
+            elif kind == "seated":
+                rank.seated += 1
+                if rank.seated == len(rank.ranks):
+                    self.running(rank, rank.seated)
+            elif kind == "refused":
+                self.failed(rank)
+            elif kind == "stop":
+                self.counts.stops += len(rank.ranks)
                 self.last_stop = time.monotonic()
                 self.first_stop = self.first_stop or self.last_stop
-                exit_ = {"type": "exit", "code": 143, "signal": 15, "tail": [], "stop_reason": "stopped"}
-                self.send(rank, exit_)
-                self.drop(rank, "done")
+                self.exit(rank, {"code": 143, "signal": 15, "tail": [], "stop_reason": "stopped"})
             else:
                 self.counts.beats_received += 1
+
+    def running(self, rank: Rank, seated: int) -> None:
+        rank.state = "running"
+        self.counts.welcomed += seated
+        heapq.heappush(self.timers, (time.monotonic() + 1.0, rank.number, "beat"))
+        if self.counts.welcomed == self.plan.ranks and not self.welcomed_all:
+            self.welcomed_all = True
+            self.say("welcomed", ranks=self.counts.welcomed)
+
+    def exit(self, rank: Rank, how: dict[str, Any]) -> None:
+        for number in rank.ranks:
+            self.send(rank, {"type": "exit", **how, **({"rank": number} if rank.relay else {})})
+        self.drop(rank, "done")
 
     def beat(self, rank: Rank, now: float) -> None:
         if rank.state != "running":
             return
         if not rank.silent:
             rank.step += 2  # two steps a second, each with its work time
-            work = [[s, 0.4 + 0.0001 * rank.rank] for s in (rank.step - 1, rank.step)]
-            progress = {"step": rank.step, "t": time.time(), "max_steps": 10**6, "samples_per_step": 64}
-            progress["work"] = work
-            message, rank.sent_upto = protocol.beat(progress, rank.sent_upto, 0.0, time.time(), "loss 2.31")
-            self.send(rank, message)
+            first = rank.sent_upto == 0
+            entries = []
+            for number in rank.ranks:
+                work = [[s, 0.4 + 0.0001 * number] for s in (rank.step - 1, rank.step)]
+                progress = {"step": rank.step, "t": time.time(), "max_steps": 10**6, "samples_per_step": 64}
+                message, _ = protocol.beat(
+                    {**progress, "work": work}, rank.sent_upto, 0.0, time.time(), "loss"
+                )
+                if rank.relay and not first:  # what a relay leaves out once the master has it
+                    for unchanged in ("max_steps", "samples_per_step", "last_line"):
+                        message.pop(unchanged, None)
+                entries.append({**message, "rank": number})
+            rank.sent_upto = rank.step
+            if rank.relay:
+                self.send(
+                    rank,
+                    {
+                        "type": "beats",
+                        "ranks": [{k: v for k, v in e.items() if k != "type"} for e in entries],
+                    },
+                )
+            else:
+                self.send(rank, {k: v for k, v in entries[0].items() if k != "rank"})
             self.counts.beats_sent += 1
-        heapq.heappush(self.timers, (now + 1.0, rank.rank, "beat"))
+        heapq.heappush(self.timers, (now + 1.0, rank.number, "beat"))
 
     # --- commands -------------------------------------------------------------------------------
 
@@ -206,19 +259,16 @@ class Swarm:
             return False
         if word in ("reset", "silence"):
             node = int(arg)
-            for rank in self.ranks[node * self.plan.per_node : (node + 1) * self.plan.per_node]:
+            for rank in (peer for peer in self.ranks if peer.node == node):
                 if word == "reset" and rank.sock is not None:
                     self.drop(rank, "reset", reset=True)
-                    self.counts.reset += 1
+                    self.counts.reset += len(rank.ranks)
                 rank.silent = True
             self.say("reset" if word == "reset" else "silenced", node=node, host=self.plan.host(node))
         elif word == "exit":
             for rank in self.ranks:
                 if rank.state == "running":
-                    self.send(
-                        rank, {"type": "exit", "code": 0, "signal": None, "tail": [], "stop_reason": None}
-                    )
-                    self.drop(rank, "done")
+                    self.exit(rank, {"code": 0, "signal": None, "tail": [], "stop_reason": None})
         return True
 
     # --- the loop -------------------------------------------------------------------------------
@@ -276,10 +326,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", type=Path, help="where the final counts go (JSON)")
     parser.add_argument("--cpu", type=int, help="pin to this core")
     parser.add_argument("--steer", action="store_true", help="take commands on stdin")
+    parser.add_argument("--relays", action="store_true", help="one connection per node, as the node relay")
     args = parser.parse_args(argv)
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
-    swarm = Swarm(SwarmPlan(args.nodes, args.per_node), args.port, args.job, os.environ["SWARM_SECRET"])
+    plan, secret = SwarmPlan(args.nodes, args.per_node), os.environ["SWARM_SECRET"]
+    swarm = Swarm(plan, args.port, args.job, secret, relays=args.relays)
     signal.signal(signal.SIGTERM, lambda *_: setattr(swarm, "quitting", True))
     try:
         swarm.run(args.deadline, sys.stdin if args.steer else None)

@@ -214,41 +214,69 @@ def test_refusals_are_logged_quoted_cut_and_bounded(server, caplog):
 
 
 def test_an_injected_stop_never_reaches_a_real_agents_rank(tmp_path, fast_handshake):
-    """A master speaking the protocol with the node's key; an unsealed stop on the admitted connection
-    is ignored (and said), the sealed one stops the rank."""
-    secret, port = protocol.new_token(), free_port()
-    listener = socket.create_server(("127.0.0.1", port))
+    """A real agent behind its node's relay, admitted by the real server: an unsealed stop on the
+    relay's connection is ignored (and said in the relay's log), the master's sealed one stops the rank."""
+    secret, hostname = protocol.new_token(), socket.gethostname()
     jobdir.stage(tmp_path, JOB, PrivatePayload(node=NODE_A, token=protocol.node_key(secret, NODE_A)))
-    hostname = socket.gethostname()
-    server_side: list[Channel] = []
-
-    def master() -> None:
-        sock, _ = listener.accept()
-        channel = Channel(sock)
-        gate = admission.Gate(JOB, secret, {0: hostname}, {0: NODE_A}, None)
-        seat = gate.admit(channel, "127.0.0.1", lambda _rank: False)
-        channel.session = seat.session
-        server_side.append(channel)
-
-    threading.Thread(target=master, daemon=True).start()
+    server = ControlServer("127.0.0.1", 0, JOB, 30.0, secret, {0: hostname}, nodes={0: NODE_A})
+    server.start()
     agent = subprocess.Popen(
         [sys.executable, "-m", "gaudi_cluster.rank.agent", "--job-id", JOB, "--job-root", str(tmp_path),
-         "--heartbeat-timeout", "30", "--control", f"127.0.0.1:{port}", "--",
+         "--heartbeat-timeout", "30", "--control", f"127.0.0.1:{server.port}", "--",
          sys.executable, "-c", "import time; print('rank up', flush=True); time.sleep(60)"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
         env={"PYTHONPATH": str(APP), "RANK": "0", "WORLD_SIZE": "1", "PATH": "/usr/bin:/bin"},
     )  # fmt: skip
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(iter(agent.stdout.readline, "")), daemon=True).start()
-    deadline = time.monotonic() + 30
-    while not (server_side and any("rank up" in line for line in lines)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert server_side, "".join(lines)
-    channel = server_side[0]
-    channel._sock.sendall(b'{"type": "stop", "grace": 0}\n')  # unsealed: from the path
-    time.sleep(1.5)
-    assert agent.poll() is None, "".join(lines)
-    assert any("ignored a control message without the session's MAC" in line for line in lines)
-    channel.send({"type": "stop", "grace": 0})  # sealed by the session: the master's own
-    assert agent.wait(timeout=20) != 0
-    listener.close()
+    try:
+        assert server.events.get(timeout=30).kind is EventKind.HELLO, "".join(lines)
+        deadline = time.monotonic() + 30
+        while not any("rank up" in line for line in lines) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        relay = server._relays[NODE_A]
+        relay.sock.sendall(b'{"type": "stop", "grace": 0}\n')  # unsealed: from the path
+        time.sleep(1.5)
+        assert agent.poll() is None, "".join(lines)
+        relay_log = (tmp_path / JOB / "relay.log").read_text()
+        assert "ignored a control message without the session's MAC" in relay_log
+        server.stop_all(0)  # sealed by the session: the master's own
+        assert agent.wait(timeout=20) != 0
+        assert any("stopping rank" in line for line in lines), "".join(lines)
+    finally:
+        agent.kill()
+        server.close()
+
+
+def relay_identity(server, node: str = NODE_A, key: str | None = None) -> Identity:
+    key = key or protocol.node_key(server.secret, node)
+    return Identity(key, node, JOB, node, protocol.NODE_RANK, 4243, role="node")
+
+
+def test_a_node_relay_is_seated_once_and_seats_only_its_nodes_ranks(server, caplog):
+    caplog.set_level(logging.WARNING, "gaudi_cluster.supervise.control")
+    relay = Channel(peer_socket(server, "127.0.0.1"))
+    authenticate(relay, relay_identity(server))
+    relay.send({"type": "join", "rank": 2, "host": NODE_B, "node": NODE_A, "pid": 7, "local_rank": 0})
+    refused = relay.receive()
+    assert (refused["type"], refused["rank"]) == ("refused", 2)  # rank 2 is node-b's
+    relay.send({"type": "join", "rank": 1, "host": NODE_A, "node": NODE_A, "pid": 7, "local_rank": 1})
+    seated = relay.receive()
+    assert (seated["type"], seated["rank"]) == ("seated", 1)
+    assert [(e.kind, e.rank) for e in events(server)] == [(EventKind.HELLO, 1)]
+    with pytest.raises(ConnectionError, match="already connected"):
+        authenticate(Channel(peer_socket(server, "127.0.0.1")), relay_identity(server))
+    relay.send({"type": "exit", "rank": 1, "code": 3, "tail": ["bye"]})
+    (exit_event,) = events(server)
+    assert (exit_event.kind, exit_event.rank, exit_event.detail["code"]) == (EventKind.EXIT, 1, 3)
+    relay.close()
+    assert events(server, timeout=1.5) == []  # its rank's end was reported: no loss
+
+
+def test_a_node_relay_needs_its_nodes_key_and_address(server):
+    with pytest.raises(ConnectionError, match="does not prove"):
+        authenticate(Channel(peer_socket(server, "127.0.0.1")), relay_identity(server, key="ab" * 32))
+    with pytest.raises(ConnectionError, match="not its address"):
+        authenticate(Channel(peer_socket(server, "127.0.0.1")), relay_identity(server, node=NODE_B))
+    with pytest.raises(ConnectionError, match="no rank of this job was launched there"):
+        authenticate(Channel(peer_socket(server, "127.0.0.1")), relay_identity(server, node="node-z"))

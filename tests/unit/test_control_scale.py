@@ -39,7 +39,8 @@ def threads() -> int:
 
 
 @pytest.mark.timeout(180)  # a hang fails here; no time is asserted
-def test_a_swarm_of_2000_ranks_checks_in_beats_and_is_stopped(tmp_path, caplog):
+@pytest.mark.parametrize("relays", [True, False], ids=["a-relay-per-node", "a-connection-per-rank"])
+def test_a_swarm_of_2000_ranks_checks_in_beats_and_is_stopped(tmp_path, caplog, relays):
     caplog.set_level(logging.WARNING, "gaudi_cluster.supervise.control")
     plan = SwarmPlan(nodes=250)
     secret = protocol.new_token()
@@ -50,7 +51,8 @@ def test_a_swarm_of_2000_ranks_checks_in_beats_and_is_stopped(tmp_path, caplog):
     report = tmp_path / "swarm.json"
     swarm = LaunchPlan(
         argv=(sys.executable, "-m", "gaudi_cluster_dev.swarm", "--port", str(server.port), "--job", JOB,
-              "--nodes", str(plan.nodes), "--report", str(report), "--deadline", "150"),
+              "--nodes", str(plan.nodes), "--report", str(report), "--deadline", "150",
+              *(["--relays"] if relays else [])),
         env={"SWARM_SECRET": secret, "PYTHONPATH": PYTHONPATH},
         launcher="swarm",
     )  # fmt: skip
@@ -64,6 +66,7 @@ def test_a_swarm_of_2000_ranks_checks_in_beats_and_is_stopped(tmp_path, caplog):
             time.sleep(0.2)
         seen["threads"] = threads()
         seen["beating"] = sum(bool(agent.work_history) for agent in server.agents())
+        seen["connections"] = len(server._sessions)
         os.kill(os.getpid(), signal.SIGTERM)
 
     server.start()
@@ -84,6 +87,7 @@ def test_a_swarm_of_2000_ranks_checks_in_beats_and_is_stopped(tmp_path, caplog):
     assert (outcome.state, outcome.exit_code) == (JobState.STOPPED, 143), outcome
     assert sorted(outcome.ranks_seen) == list(range(plan.ranks))  # every rank admitted
     assert seen["beating"] == plan.ranks
+    assert seen["connections"] == (plan.nodes if relays else plan.ranks)
     assert counts["welcomed"] == plan.ranks and counts["handshake_failures"] == 0, counts
     assert counts["stops"] == plan.ranks, counts  # every rank got its stop
     assert not [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]

@@ -4,8 +4,9 @@ Every launcher (deepspeed, mpirun, torchrun) starts `python -m gaudi_cluster.ran
 once per rank. The agent gives the program its own process group (so this job's processes can be
 stopped without touching anyone else's), records a pid file under the job's directory, prefixes
 each output line with "[host rank N]", keeps the last lines for the failure report, and talks to
-the master over the control channel: it reports its exit, and it kills its rank when told to or
-when the master disappears (connection closed, or no heartbeat for --heartbeat-timeout seconds).
+the master through its node's relay (`relay`, the node's one control connection; started by the
+first agent of the node): it reports its exit, and it kills its rank when told to or when the
+master disappears (its link closed, or no heartbeat for --heartbeat-timeout seconds).
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from gaudi_cluster.rank import jobdir, procgroup
+from gaudi_cluster.rank import jobdir, procgroup, relay_join
 from gaudi_cluster.rank.conventions import output_dir_in, rank_identity, with_local_rank
 from gaudi_cluster.wire import protocol
-from gaudi_cluster.wire.channel import Channel, Identity, connect_and_authenticate
+from gaudi_cluster.wire.channel import Channel
 from gaudi_cluster.wire.protocol import BEAT_INTERVAL_S
 
 TAIL_LINES = 30
@@ -216,12 +217,14 @@ class RankAgent:
                         f"no secret for job {self.job_id} in {self.job_dir} (the master stages it before "
                         "launching); fix: start ranks through gaudi-cluster"
                     )
-                me = Identity(
-                    self.token, self.node, self.job_id, self.host, self.rank, os.getpid(), self.local_rank
+                me = {"rank": self.rank, "host": self.host, "pid": os.getpid(), "local_rank": self.local_rank}
+                self.channel = relay_join.join(
+                    self.job_dir,
+                    self.job_id,
+                    self.control_address,
+                    {**me, "node": self.node},
+                    self.connect_timeout_s,
                 )
-                self.channel = connect_and_authenticate(self.control_address, me, self.connect_timeout_s)
-                if self.channel.attempts > 1:
-                    self.say(f"admitted by the master after {self.channel.attempts} handshakes")
             except ConnectionError as error:
                 self.say(f"error: {error}; the rank is not started without supervision")
                 return 1

@@ -11,14 +11,15 @@ from gaudi_cluster.rank import jobdir, procgroup
 
 
 def reap_job(job_root: Path, job_id: str) -> list[int]:
-    """Kill each rank's process group and agent recorded under job_root/job_id; return the pids.
+    """Kill each rank's process group and agent (and the node relay) recorded under job_root/job_id;
+    return the pids.
 
     The master calls this after a failure or a stop, once the agents had their chance to end their
     ranks gracefully: whatever is still there is killed without a grace.
     """
     killed: list[int] = []
     (jobdir.job_dir(job_root, job_id) / jobdir.PRIVATE_FILE).unlink(missing_ok=True)
-    for pid_file in sorted((job_root / job_id).glob("rank*.pid")):
+    for pid_file in sorted((job_root / job_id).glob("*.pid")):  # the ranks' and the node relay's
         try:
             group, *agents = [int(word) for word in pid_file.read_text().split()]
         except (OSError, ValueError):

@@ -35,11 +35,16 @@ class Refused(Exception):
 class Seat:
     """An admitted agent: who it is, and the session that seals its connection from now on."""
 
-    rank: int
+    rank: int  # protocol.NODE_RANK for a node relay's seat
     host: str
     pid: int
     local_rank: int
     session: protocol.Session
+    node: str = ""
+
+    @property
+    def is_node(self) -> bool:
+        return self.rank == protocol.NODE_RANK
 
 
 class Gate:
@@ -61,6 +66,9 @@ class Gate:
         self._addresses = {node: frozenset(found) for node, found in (addresses or {}).items()}
         self._checks_addresses = addresses is not None
         self._room = _room_per_address(self._nodes, self._addresses)
+        self._node_hosts: dict[str, set[str]] = collections.defaultdict(set)
+        for rank, node in self._nodes.items():
+            self._node_hosts[node].add(self._expected.get(rank, ""))
         self.max_connections = len(self._expected) + SPARE_CONNECTIONS
         self._unauthenticated: collections.Counter[str] = collections.Counter()  # per peer address
         self._logged: set[tuple[str, str]] = set()
@@ -114,13 +122,19 @@ class Gate:
         with self._lock:
             return self._unlogged
 
+    def check_join(self, node: str, rank: int, host: str) -> str | None:
+        """Why a node relay may not seat this rank (None: it may): only the ranks planned on its node."""
+        if self._expected.get(rank) != host or self._nodes.get(rank) != node:
+            return f"rank {rank} on host {host[:64]!r} was not launched on node {node[:64]!r} by this job"
+        return None
+
     # --- the handshake --------------------------------------------------------------------------
 
-    def handshake(self, peer: str, seated: Callable[[int], bool]) -> Handshake:
+    def handshake(self, peer: str, seated: Callable[[int | str], bool]) -> Handshake:
         """The master's side of one connection's handshake, to be driven by the lines it receives."""
         return Handshake(self, peer, seated)
 
-    def admit(self, channel: Channel, peer: str, seated: Callable[[int], bool]) -> Seat:
+    def admit(self, channel: Channel, peer: str, seated: Callable[[int | str], bool]) -> Seat:
         """The same handshake on a blocking channel (a master of one agent, as in tests)."""
         handshake = self.handshake(peer, seated)
         channel.settimeout(protocol.HANDSHAKE_TIMEOUT_S)
@@ -140,7 +154,8 @@ class Handshake:
     sends is answered (its hello with the welcome) until its proof makes it a Seat. Every misstep
     raises Refused: the caller answers it with a refusal and closes the connection."""
 
-    def __init__(self, gate: Gate, peer: str, seated: Callable[[int], bool]) -> None:
+    def __init__(self, gate: Gate, peer: str, seated: Callable[[int | str], bool]) -> None:
+        """seated: whether a rank (int) or a node's relay (its name) holds a seat already."""
         self._gate, self._peer, self._seated = gate, peer, seated
         self._nonce = protocol.new_nonce()
         self.challenge = {"type": "challenge", "nonce": self._nonce, "job": gate.job_id}
@@ -159,6 +174,8 @@ class Handshake:
         if why is not None:
             raise Refused(why)
         if self.due == "hello":
+            if protocol.is_node_hello(message):  # its MACs name the node's rank
+                message = {**message, "rank": protocol.NODE_RANK}
             welcome = self._welcome(message)
             self._hello, self.due = message, "proof"
             return welcome
@@ -171,17 +188,22 @@ class Handshake:
         gate = self._gate
         if hello["job"] != gate.job_id:
             raise Refused(f"hello for another job ({hello['job'][:40]!r})")
-        rank, host, node = hello["rank"], hello["host"], hello["node"]
-        if gate._expected.get(rank) != host or gate._nodes.get(rank) != node:
-            raise Refused(
-                f"rank {rank} on host {host[:64]!r} (node {node[:64]!r}) was not launched by this job"
-            )
+        host, node = hello["host"], hello["node"]
+        if protocol.is_node_hello(hello):
+            who = f"the relay of node {node[:64]!r}"
+            if host not in gate._node_hosts.get(node, ()):
+                raise Refused(f"{who} on host {host[:64]!r}: no rank of this job was launched there")
+        else:
+            who = f"rank {hello['rank']}"
+            if gate._expected.get(hello["rank"]) != host or gate._nodes.get(hello["rank"]) != node:
+                raise Refused(
+                    f"{who} on host {host[:64]!r} (node {node[:64]!r}) was not launched by this job"
+                )
         if gate._checks_addresses and self._peer not in gate._addresses.get(node, ()):
-            raise Refused(
-                f"rank {rank} claims node {node[:64]!r} but connects from {self._peer}, not its address"
-            )
-        if self._seated(rank):  # said before the welcome: the agent learns it while it still listens
-            raise Refused(f"rank {rank} is already connected")
+            raise Refused(f"{who} claims node {node[:64]!r} but connects from {self._peer}, not its address")
+        # Said before the welcome: the agent learns it while it still listens.
+        if self._seated(hello["rank"] if hello["rank"] != protocol.NODE_RANK else node):
+            raise Refused(f"{who} is already connected")
         self._key = protocol.node_key(gate._secret, node)
         return {"type": "welcome", "mac": protocol.welcome_mac(self._key, *self._names(hello))}
 
@@ -193,7 +215,9 @@ class Handshake:
             protocol.session_key(self._key, self._nonce, hello["nonce"], self._gate.job_id, hello["rank"]),
             "master",
         )
-        return Seat(hello["rank"], hello["host"], hello["pid"], hello.get("local_rank", 0), session)
+        return Seat(
+            hello["rank"], hello["host"], hello["pid"], hello.get("local_rank", 0), session, hello["node"]
+        )
 
 
 def _room_per_address(nodes: Mapping[int, str], addresses: Mapping[str, frozenset[str]]) -> dict[str, int]:

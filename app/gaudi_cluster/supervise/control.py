@@ -1,8 +1,10 @@
-"""The master's side of the job control channel: one connection per rank agent (client in `channel`).
+"""The master's side of the job control channel: one connection per node (client in `channel`).
 
-One TCP connection per rank carries newline-delimited JSON both ways. It is how the master learns
-within a second that a rank exited or a node vanished (the connection closes, or heartbeats stop on
-a network partition), and how it stops this job's ranks on every node without ssh or pkill.
+Each node's relay (`rank.relay`) holds one TCP connection for all the ranks of its node (an agent
+started by hand may still hold one of its own); it carries newline-delimited JSON both ways. It is
+how the master learns within a second that a rank exited or a node vanished (the connection closes,
+or heartbeats stop on a network partition), and how it stops this job's ranks on every node without
+ssh or pkill: one message per node a second, not one per rank.
 Nothing is accepted before the mutual handshake of `protocol`; the master admits only the (rank,
 host, node) seats it launched, each once, from that node's addresses, and every later message must
 carry the connection's session MAC. Before the handshake a connection holds one of a bounded set of
@@ -17,18 +19,17 @@ The messages are listed in docs/architecture.md.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import logging
 import queue
 import socket
-import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from gaudi_cluster.supervise.admission import Gate, Handshake, Refused, Seat
+from gaudi_cluster.supervise.ranks import RankTable
 from gaudi_cluster.supervise.serving import Connection, SelectorServer
 from gaudi_cluster.view.history import WorkHistory
 from gaudi_cluster.view.jobview import AgentState
@@ -36,8 +37,6 @@ from gaudi_cluster.wire import protocol
 from gaudi_cluster.wire.channel import decode, encode
 
 log = logging.getLogger("gaudi_cluster.supervise.control")
-
-RECENT_WORK = 64
 
 
 class EventKind(enum.Enum):
@@ -55,7 +54,8 @@ class ControlEvent:
 
 
 class _Agent(Connection):
-    """A peer of the control port: its handshake until it is seated, then its session and rank state."""
+    """A peer of the control port: its handshake until it is seated, then its session and the state
+    of its rank (a rank's own connection) or of its node's ranks (a node relay's)."""
 
     def __init__(self, sock: socket.socket, peer: str, handshake: Handshake, deadline: float) -> None:
         super().__init__(sock, peer)
@@ -63,9 +63,16 @@ class _Agent(Connection):
         self.handshake: Handshake | None = handshake
         self.session: protocol.Session | None = None
         self.agent: AgentState | None = None
+        self.node: str | None = None  # set for a node relay ...
+        self.ranks: dict[int, AgentState] = {}  # ... with the ranks it seated
 
     def who(self) -> str:
+        if self.node is not None:
+            return f"{self.peer} (relay of node {self.node})"
         return self.peer if self.agent is None else f"{self.peer} (rank {self.agent.rank})"
+
+    def states(self) -> list[AgentState]:
+        return list(self.ranks.values()) if self.node is not None else [self.agent] if self.agent else []
 
 
 class ControlServer(SelectorServer):
@@ -90,12 +97,11 @@ class ControlServer(SelectorServer):
         self.events: queue.Queue[ControlEvent] = queue.Queue()
         self.gate = Gate(job_id, token, expected, nodes, addresses)
         self._clock = clock
-        # Rank states are read by other threads (the supervisor, status, metrics): changed under the lock.
-        self._agents: dict[int, AgentState] = {}
-        self._finished_work: dict[int, WorkHistory] = {}
-        self._lock = threading.Lock()
+        self.ranks = RankTable()  # read by other threads (the supervisor, status, metrics)
         # Only the loop's thread touches the connections.
         self._by_rank: dict[int, _Agent] = {}
+        self._sessions: set[_Agent] = set()  # every seated connection (a rank's or a relay's)
+        self._relays: dict[str, _Agent] = {}  # node -> its relay's connection
         self._pending: dict[int, _Agent] = {}  # handshakes under way, oldest (first deadline) first
         # Ticks of a quarter of the beat interval: a handshake's deadline is enforced within 0.25 s.
         super().__init__(bind, port, protocol.BEAT_INTERVAL_S / 4, "control")
@@ -103,28 +109,20 @@ class ControlServer(SelectorServer):
     # --- what other threads call ----------------------------------------------------------------
 
     def agents(self) -> list[AgentState]:
-        """A snapshot of every agent's state (copies: the live ones change under the lock)."""
-        with self._lock:
-            return [dataclasses.replace(agent) for agent in self._agents.values()]
+        """A snapshot of every agent's state (copies)."""
+        return self.ranks.snapshot()
 
     def running(self) -> list[int]:
         """The connected ranks not yet accounted for (no copy of their states)."""
-        with self._lock:
-            return [rank for rank, agent in self._agents.items() if not agent.exited]
+        return self.ranks.running()
 
     def work_histories(self) -> dict[int, WorkHistory]:
-        """Every rank's work time per step so far (for the final report): copies of the bounded
-        histories (a few KB a rank), never lists of every step."""
-        with self._lock:
-            histories = {rank: agent.work_history.copy() for rank, agent in self._agents.items()}
-            histories.update({rank: work.copy() for rank, work in self._finished_work.items()})
-        return histories
+        """Every rank's work time per step so far (for the final report): bounded copies."""
+        return self.ranks.work_histories()
 
     def mark_exited(self, rank: int) -> None:
         """The supervisor has accounted for this rank (its exit or loss): report nothing more of it."""
-        with self._lock:
-            if rank in self._agents:
-                self._agents[rank].exited = True
+        self.ranks.mark_exited(rank)
 
     def stop_all(self, grace_s: float) -> None:
         """Ask every connected agent to stop its rank (SIGTERM, then SIGKILL after grace_s); returns
@@ -142,9 +140,7 @@ class ControlServer(SelectorServer):
         self.gate.refuse("the listener", f"accept failed ({code})")
 
     def _connected(self, sock: socket.socket, peer: str) -> _Agent | None:
-        with self._lock:
-            admitted = len(self._agents)
-        if not self.gate.take_slot(peer, admitted):
+        if not self.gate.take_slot(peer, len(self.ranks)):
             sock.close()
             self.gate.refuse(peer, "too many unauthenticated connections from this address")
             return None
@@ -155,9 +151,10 @@ class ControlServer(SelectorServer):
         self._send(conn, handshake.challenge)
         return conn
 
-    def _seated(self, rank: int) -> bool:
-        with self._lock:
-            return rank in self._agents
+    def _seated(self, rank_or_node: int | str) -> bool:
+        if isinstance(rank_or_node, str):
+            return rank_or_node in self._relays
+        return rank_or_node in self.ranks
 
     def _line(self, conn: Connection, line: bytes) -> None:
         assert isinstance(conn, _Agent)
@@ -167,16 +164,21 @@ class ControlServer(SelectorServer):
         if conn.handshake is not None:
             self._handshake_step(conn, conn.handshake, message)
             return
-        assert conn.session is not None and conn.agent is not None
+        assert conn.session is not None
         why = conn.session.open(message)
+        allowed = protocol.NODE_SESSION_MESSAGES if conn.node is not None else protocol.SESSION_MESSAGES
         if why is not None:
             why = f"ignored a message without a valid session MAC ({why})"
         else:
-            why = protocol.problem(message, protocol.SESSION_MESSAGES)
+            why = protocol.problem(message, allowed)
         if why is not None:
             self.gate.refuse(conn.who(), f"dropped a message: {why}")
             return
-        self._record(conn.agent, message)
+        if conn.node is not None:
+            self._record_for_node(conn, message)
+        else:
+            assert conn.agent is not None
+            self._record(conn.agent, message)
 
     def _handshake_step(self, conn: _Agent, handshake: Handshake, message: Any) -> None:
         try:
@@ -194,16 +196,23 @@ class ControlServer(SelectorServer):
             self._close(conn)
 
     def _seat(self, conn: _Agent, seat: Seat) -> None:
+        if seat.is_node:
+            if seat.node in self._relays:
+                raise Refused(f"the relay of node {seat.node!r} is already connected")
+            self._end_handshake(conn)
+            conn.session, conn.node = seat.session, seat.node
+            self._relays[seat.node] = conn
+            self._sessions.add(conn)
+            return
         agent = AgentState(
             host=seat.host, rank=seat.rank, pid=seat.pid, last_seen=self._clock(), local_rank=seat.local_rank
         )
-        with self._lock:
-            if seat.rank in self._agents:
-                raise Refused(f"rank {seat.rank} is already connected")
-            self._agents[seat.rank] = agent
+        if not self.ranks.seat(agent):
+            raise Refused(f"rank {seat.rank} is already connected")
         self._end_handshake(conn)
         conn.session, conn.agent = seat.session, agent
         self._by_rank[seat.rank] = conn
+        self._sessions.add(conn)
         self.events.put(ControlEvent(EventKind.HELLO, agent.host, agent.rank, {"pid": agent.pid}))
 
     def _end_handshake(self, conn: _Agent) -> None:
@@ -231,20 +240,19 @@ class ControlServer(SelectorServer):
         super()._close(conn)
 
     def _forget(self, conn: _Agent) -> None:
-        agent = conn.agent
-        if agent is None:
-            return
+        self._sessions.discard(conn)
+        if conn.node is not None and self._relays.get(conn.node) is conn:
+            del self._relays[conn.node]
+        for agent in conn.states():
+            self._unseat(conn, agent, "connection closed")
+        conn.ranks.clear()
+
+    def _unseat(self, conn: _Agent, agent: AgentState, reason: str) -> None:
+        """A rank's agent is gone from its connection: a loss, unless its exit was accounted for."""
         if self._by_rank.get(agent.rank) is conn:
             del self._by_rank[agent.rank]
-        with self._lock:
-            reported = agent.exited
-            if self._agents.get(agent.rank) is agent:
-                del self._agents[agent.rank]  # the rank may reconnect (its agent retries)
-                self._finished_work[agent.rank] = agent.work_history
-        if not reported and not self._stopping.is_set():
-            self.events.put(
-                ControlEvent(EventKind.LOST, agent.host, agent.rank, {"reason": "connection closed"})
-            )
+        if not self.ranks.unseat(agent) and not self._stopping.is_set():
+            self.events.put(ControlEvent(EventKind.LOST, agent.host, agent.rank, {"reason": reason}))
 
     # --- writing --------------------------------------------------------------------------------
 
@@ -253,32 +261,63 @@ class ControlServer(SelectorServer):
             self._write(conn, encode(conn.session.seal(message) if conn.session is not None else message))
 
     def _send_all(self, message: dict[str, Any]) -> None:
-        for conn in list(self._by_rank.values()):
+        for conn in list(self._sessions):
             self._send(conn, message)
 
     # --- what the agents say, and their silence -------------------------------------------------
 
     def _record(self, agent: AgentState, message: dict[str, Any]) -> None:
-        now = self._clock()
-        message_type = message["type"]
-        with self._lock:
-            agent.last_seen = now
-            if message_type == "beat":
-                agent.step = message.get("step", agent.step)
-                if message.get("progress_age") is not None:
-                    agent.progress_age, agent.progress_received = float(message["progress_age"]), now
-                agent.max_steps = message.get("max_steps", agent.max_steps)
-                agent.samples_per_step = message.get("samples_per_step", agent.samples_per_step)
-                agent.last_line = message.get("last_line") or agent.last_line
-                work = [(int(step), float(seconds)) for step, seconds in message.get("work", [])]
-                if work:
-                    agent.recent_work = (*agent.recent_work, *work)[-RECENT_WORK:]
-                    agent.work_history.extend(work)  # bounded by the history itself (jobview)
-            elif message_type == "exit":
-                agent.exited = True
-        if message_type == "exit":
-            detail = {**message, "tail": protocol.trimmed_tail(message.get("tail", []))}
-            self.events.put(ControlEvent(EventKind.EXIT, agent.host, agent.rank, detail))
+        if message["type"] == "beat":
+            self.ranks.heard([agent], self._clock(), message)
+        else:
+            self._exited(agent, message)
+
+    def _exited(self, agent: AgentState, message: dict[str, Any]) -> None:
+        self.ranks.exited(agent, self._clock())
+        detail = {**message, "tail": protocol.trimmed_tail(message.get("tail", []))}
+        detail.pop("rank", None)
+        self.events.put(ControlEvent(EventKind.EXIT, agent.host, agent.rank, detail))
+
+    def _record_for_node(self, conn: _Agent, message: dict[str, Any]) -> None:
+        """A relay's message: a rank joining, the node's beats, a rank's exit or its agent gone."""
+        now, kind = self._clock(), message["type"]
+        if kind == "join":
+            self._join(conn, message)
+            return
+        if kind == "beats":
+            self.ranks.heard_node(conn.ranks, now, message["ranks"])
+            return
+        self.ranks.heard(conn.ranks.values(), now)
+        if (agent := conn.ranks.get(message["rank"])) is None:
+            return
+        if kind == "exit":
+            self._exited(agent, message)
+        else:  # gone: its agent left the relay without an exit
+            del conn.ranks[agent.rank]
+            self._unseat(conn, agent, f"connection closed ({message['reason'][:200]})")
+
+    def _join(self, conn: _Agent, message: dict[str, Any]) -> None:
+        assert conn.node is not None
+        rank, host = message["rank"], message["host"]
+        why = self.gate.check_join(conn.node, rank, host)
+        if why is None and self._seated(rank):
+            why = f"rank {rank} is already connected"
+        if why is not None:
+            self.gate.refuse(conn.who(), why)
+            self._send(conn, {"type": "refused", "rank": rank, "reason": why})
+            return
+        agent = AgentState(
+            host=host,
+            rank=rank,
+            pid=message["pid"],
+            last_seen=self._clock(),
+            local_rank=message.get("local_rank", 0),
+        )
+        self.ranks.seat(agent)
+        conn.ranks[rank] = agent
+        self._by_rank[rank] = conn
+        self._send(conn, {"type": "seated", "rank": rank})
+        self.events.put(ControlEvent(EventKind.HELLO, host, rank, {"pid": agent.pid}))
 
     def _expire_handshakes(self) -> None:
         now = self._clock()
@@ -291,21 +330,11 @@ class ControlServer(SelectorServer):
             self._ended(conn, "timed out")
 
     def _beat(self) -> None:
-        now = self._clock()
-        live: list[int] = []
-        lost: list[tuple[AgentState, float]] = []
-        with self._lock:
-            for agent in self._agents.values():
-                if agent.exited:
-                    continue
-                live.append(agent.rank)
-                silent_for = now - agent.last_seen
-                if silent_for > self.heartbeat_timeout_s:
-                    agent.exited = True  # report a node once, not every second
-                    lost.append((agent, silent_for))
-        for rank in live:
-            if (conn := self._by_rank.get(rank)) is not None:
-                self._send(conn, {"type": "beat"})
+        live, lost = self.ranks.silent(self._clock(), self.heartbeat_timeout_s)
+        beating = {conn for rank in live if (conn := self._by_rank.get(rank)) is not None}
+        beating.update(self._relays.values())  # a relay still joining its ranks hears the master too
+        for conn in beating:
+            self._send(conn, {"type": "beat"})
         for agent, silent_for in lost:
             reason = f"no heartbeat for {silent_for:.0f}s (network partition or frozen node)"
             self.events.put(ControlEvent(EventKind.LOST, agent.host, agent.rank, {"reason": reason}))

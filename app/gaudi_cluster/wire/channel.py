@@ -1,8 +1,10 @@
 """The control channel's connection as both ends use it, and the agent's side of the handshake.
 
-One TCP connection per rank carries newline-delimited JSON both ways (lines of at most
-protocol.MAX_LINE bytes). The master's server is in `control`; it reads without blocking, so it
-cuts its bytes into lines with a `LineBuffer` and decodes them with `decode` like `Channel` does.
+One TCP connection per node (its relay's, `rank.relay`; an agent started by hand holds its own)
+carries newline-delimited JSON both ways (lines of at most protocol.MAX_LINE bytes); the same
+`Channel` carries the agents' lines to their relay over a Unix socket, unsealed. The master's
+server is in `control`; it reads without blocking, so it cuts its bytes into lines with a
+`LineBuffer` and decodes them with `decode` like `Channel` does.
 """
 
 from __future__ import annotations
@@ -136,7 +138,8 @@ def connect(address: str, timeout_s: float) -> Channel:
 
 @dataclass(frozen=True)
 class Identity:
-    """Who an agent is to the master: its node in the plan (whose key it holds), host name and rank."""
+    """Who an agent is to the master: its node in the plan (whose key it holds), host name and rank;
+    a node relay (role "node") speaks for every rank of its node and names rank protocol.NODE_RANK."""
 
     key: str
     node: str
@@ -145,6 +148,7 @@ class Identity:
     rank: int
     pid: int
     local_rank: int = 0
+    role: str = "rank"
 
 
 def authenticate(channel: Channel, me: Identity) -> None:
@@ -158,6 +162,8 @@ def authenticate(channel: Channel, me: Identity) -> None:
         )
     master_nonce, agent_nonce = str(challenge.get("nonce"))[:64], protocol.new_nonce()
     hello = {"type": "hello", "job": me.job, "node": me.node, "host": me.host, "rank": me.rank}
+    if me.role != "rank":
+        hello["role"] = me.role
     channel.send({**hello, "local_rank": me.local_rank, "pid": me.pid, "nonce": agent_nonce})
     welcome = channel.receive()
     if not isinstance(welcome, dict) or welcome.get("type") != "welcome":

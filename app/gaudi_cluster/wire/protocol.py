@@ -10,6 +10,12 @@ where k is the node's key. Both then derive a session key from k and both nonces
 message carries a sequence number and a MAC under it (`Session`): a peer on the path can neither
 inject a stop or a fake exit nor replay one. Every message is one JSON line of at most MAX_LINE
 bytes, and every field is type-checked before use.
+
+A node relay (`rank.relay`) holds its node's one connection for all its ranks: its hello says role
+"node" and carries no rank (the MACs name rank NODE_RANK), and its session then carries `join` (a rank
+asks for its seat, answered `seated` or `refused`), one `beats` a second for every rank of the node
+(fields unchanged since the last one left out), each rank's `exit`, and `gone` (an agent that left
+without one). A stop or a beat from the master is for every rank of the node.
 """
 
 from __future__ import annotations
@@ -30,7 +36,10 @@ TAIL_MAX_LINES = 30
 TAIL_MAX_CHARS = 2048
 WORK_PER_BEAT = 16  # a beat stays well under 1 KB
 LAST_LINE_CHARS = 160
+NODE_RANK = -1  # the rank a node relay's handshake MACs name: it speaks for all of its node's ranks
+MAX_RANKS_PER_NODE = 64  # entries of one `beats` (a Gaudi server has 8 cards)
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+_NUMBERS = (int, float)  # exact types: a bool is not a number here
 
 
 def new_token() -> str:
@@ -116,12 +125,26 @@ def _short_text(value: Any, limit: int) -> bool:
     return isinstance(value, str) and len(value) <= limit
 
 
+def is_node_hello(message: Mapping[str, Any]) -> bool:
+    return message.get("role") == "node"
+
+
 def _check_hello(message: Mapping[str, Any]) -> str | None:
     if not _short_text(message.get("job"), 128):
         return "job is not a string"
+    role = message.get("role", "rank")
+    if role not in ("rank", "node"):
+        return "role is neither rank nor node"
+    if role == "node" and message.get("rank", NODE_RANK) != NODE_RANK:
+        return f"a node's hello names rank {NODE_RANK} or none"
+    return _check_member(message, rank_required=role == "rank") or _hex_fields(message, "nonce")
+
+
+def _check_member(message: Mapping[str, Any], rank_required: bool = True) -> str | None:
+    """The fields naming one rank's agent: host, rank, pid, local_rank, node."""
     if not _short_text(message.get("host"), 255) or not message.get("host"):
         return "host is not a host name"
-    if not _is_int(message.get("rank")) or message["rank"] < 0:
+    if rank_required and (not _is_int(message.get("rank")) or message["rank"] < 0):
         return "rank is not a non-negative integer"
     if not _is_int(message.get("pid")) or message["pid"] < 0:
         return "pid is not a non-negative integer"
@@ -130,7 +153,7 @@ def _check_hello(message: Mapping[str, Any]) -> str | None:
         return "local_rank is not a non-negative integer"
     if not _short_text(message.get("node"), 255) or not message.get("node"):
         return "node is not a node name"
-    return _hex_fields(message, "nonce")
+    return None
 
 
 def _hex_fields(message: Mapping[str, Any], *fields: str) -> str | None:
@@ -145,20 +168,24 @@ def _check_proof(message: Mapping[str, Any]) -> str | None:
 
 
 def _check_beat(message: Mapping[str, Any]) -> str | None:
+    # Thousands of these a second at scale (one per rank per beat): plain type() tests, no helpers.
     for field in ("step", "max_steps", "samples_per_step"):
         value = message.get(field)
-        if value is not None and (not _is_int(value) or value < 0):
+        if value is not None and (type(value) is not int or value < 0):
             return f"{field} is not a non-negative integer"
     age = message.get("progress_age")
-    if age is not None and (not _is_number(age) or age < 0):
+    if age is not None and (type(age) not in _NUMBERS or not 0 <= age < math.inf):
         return "progress_age is not a non-negative number"
     work = message.get("work", [])
-    if not isinstance(work, list) or len(work) > WORK_PER_BEAT:
+    if type(work) is not list or len(work) > WORK_PER_BEAT:
         return f"work is not a list of at most {WORK_PER_BEAT} [step, seconds] pairs"
     for pair in work:
-        if not (isinstance(pair, list) and len(pair) == 2 and _is_int(pair[0]) and _is_number(pair[1])):
+        if type(pair) is not list or len(pair) != 2:
             return "work holds something other than [step, seconds] pairs"
-        if pair[0] < 0 or pair[1] < 0:
+        step, seconds = pair
+        if type(step) is not int or type(seconds) not in _NUMBERS or not math.isfinite(seconds):
+            return "work holds something other than [step, seconds] pairs"
+        if step < 0 or seconds < 0:
             return "work holds a negative step or duration"
     line = message.get("last_line")
     if line is not None and not _short_text(line, LAST_LINE_CHARS):
@@ -206,9 +233,47 @@ def _check_exit(message: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _rank_of(message: Mapping[str, Any]) -> str | None:
+    if not _is_int(message.get("rank")) or message["rank"] < 0:
+        return "rank is not a non-negative integer"
+    return None
+
+
+def _check_join(message: Mapping[str, Any]) -> str | None:
+    return _check_member(message)
+
+
+def _check_beats(message: Mapping[str, Any]) -> str | None:
+    ranks = message.get("ranks")
+    if not isinstance(ranks, list) or len(ranks) > MAX_RANKS_PER_NODE:
+        return f"ranks is not a list of at most {MAX_RANKS_PER_NODE} beats"
+    for entry in ranks:
+        if not isinstance(entry, dict):
+            return "ranks holds something other than beats"
+        why = _rank_of(entry) or _check_beat(entry)
+        if why is not None:
+            return why
+    return None
+
+
+def _check_rank_exit(message: Mapping[str, Any]) -> str | None:
+    return _rank_of(message) or _check_exit(message)
+
+
+def _check_gone(message: Mapping[str, Any]) -> str | None:
+    return _rank_of(message) or (None if _short_text(message.get("reason"), 1024) else "reason is not text")
+
+
 AGENT_MESSAGES = {"hello": _check_hello, "proof": _check_proof, "beat": _check_beat, "exit": _check_exit}
 # What an admitted agent may send (the session's seq and mac are checked by the Session).
 SESSION_MESSAGES = {"beat": _check_beat, "exit": _check_exit}
+# What an admitted node relay may send, for the ranks of its node.
+NODE_SESSION_MESSAGES = {
+    "join": _check_join,
+    "beats": _check_beats,
+    "exit": _check_rank_exit,
+    "gone": _check_gone,
+}
 
 
 def problem(message: Any, allowed: Mapping[str, Any] = AGENT_MESSAGES) -> str | None:

@@ -1,0 +1,266 @@
+"""The node relay: this node's one control connection to the master, for all of its rank agents.
+
+The first agent of a job on a node starts it (`relay_join`); it authenticates to the master as the
+node (role "node", the node's key from the private file), then listens on a Unix socket in the
+job's directory (0700, and every peer's uid checked) for the node's agents. Each agent's lines come
+to the relay; the master gets one `beats` message a second for the whole node (fields unchanged since
+the last one left out), each rank's exit at once, and `gone` for an agent that left without one. The
+master's stops and beats go to every agent, so an agent keeps its own rules: it stops its rank when
+the master's beats stop or its link closes. The relay ends once its last agent has left (or the
+master has: then every agent is cut off, which stops its rank at once).
+
+    python -m gaudi_cluster.rank.relay --job-id J --job-root R --control HOST:PORT
+
+At 1,000 nodes x 8 ranks this is what keeps the master at 1,000 connections and 1,000 messages a
+second instead of 8,000 of each. The threads here (one per agent, 8 on a Gaudi server) are the
+node's, never the master's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import socket
+import struct
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gaudi_cluster.rank import jobdir
+from gaudi_cluster.rank.relay_beats import NodeBeats
+from gaudi_cluster.wire import protocol
+from gaudi_cluster.wire.channel import Channel, Identity, connect_and_authenticate
+
+SOCKET_NAME = "control.sock"
+PID_NAME = "relay.pid"
+LINGER_S = 2.0  # after the last agent left: room for a late one before the relay ends
+
+
+def socket_path(job_dir: Path) -> str:
+    """The relay's socket as a path short enough for AF_UNIX (108 bytes): a long job root is reached
+    through this process's own descriptor of the directory instead."""
+    path = str(job_dir / SOCKET_NAME)
+    if len(path.encode()) < 100:
+        return path
+    fd = os.open(job_dir, os.O_PATH | os.O_DIRECTORY)
+    return f"/proc/self/fd/{fd}/{SOCKET_NAME}"
+
+
+class _Link:
+    """One agent's connection to the relay, and the rank it joined as (once the master seated it)."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+        self.rank: int | None = None
+        self.exited = False
+
+
+class Relay:
+    def __init__(self, job_id: str, job_dir: Path, control: str) -> None:
+        self.job_id, self.job_dir, self.control = job_id, job_dir, control
+        self.host = socket.gethostname()
+        self.master: Channel | None = None
+        self.beats = NodeBeats()
+        self.links: dict[int, _Link] = {}  # rank -> its agent's link, once joined
+        self.joining: dict[int, _Link] = {}  # rank -> a link whose join the master has not answered
+        self.lock = threading.Lock()
+        self.last_master = time.monotonic()
+        self.last_leave = time.monotonic()
+        self.joined_any = False
+        self.ignored = 0  # the master's messages dropped for want of the session's MAC
+        self.done = threading.Event()
+
+    # --- the master's side ----------------------------------------------------------------------
+
+    def connect(self, timeout_s: float) -> None:
+        private = jobdir.read_private(self.job_dir)
+        if private is None or not private.token:
+            raise ConnectionError(
+                f"no secret for job {self.job_id} in {self.job_dir} (the master stages it before "
+                "launching); fix: start ranks through gaudi-cluster"
+            )
+        me = Identity(
+            private.token, private.node, self.job_id, self.host, protocol.NODE_RANK, os.getpid(), role="node"
+        )
+        self.node = private.node
+        self.master = connect_and_authenticate(self.control, me, timeout_s)
+
+    def send_master(self, message: dict[str, Any]) -> None:
+        assert self.master is not None
+        self.master.send(message)
+
+    def from_master(self) -> None:
+        assert self.master is not None
+        while (message := self.master.receive()) is not None:
+            if not isinstance(message, dict) or message.get("type") == "unauthenticated":
+                # Only the master's sealed messages count: an injected stop (or beat) changes nothing.
+                self.ignored += 1
+                if self.ignored <= 3:  # a stream of forgeries must not become a stream of lines
+                    why = message.get("reason") if isinstance(message, dict) else "not JSON"
+                    say(f"ignored a control message without the session's MAC ({why})")
+                continue
+            self.last_master = time.monotonic()
+            kind = message.get("type")
+            if kind in ("seated", "refused"):
+                with self.lock:
+                    link = self.joining.pop(message.get("rank", -1), None)
+                    if link is not None and kind == "seated":
+                        self.links[link.rank] = link  # type: ignore[index]
+                if link is not None:
+                    link.channel.send({k: v for k, v in message.items() if k not in ("seq", "mac")})
+                    if kind == "refused":
+                        link.channel.close()
+            elif kind in ("stop", "beat"):
+                self.to_agents({k: v for k, v in message.items() if k not in ("seq", "mac")})
+        # The master is gone: every agent is cut off (and stops its rank), then the relay ends.
+        for link in self.all_links():
+            link.channel.close()
+        self.done.set()
+
+    def tick(self) -> None:
+        """Once a second: the node's beats to the master; the relay's end once its agents are gone."""
+        while not self.done.wait(protocol.BEAT_INTERVAL_S):
+            with self.lock:
+                beats = self.beats.message(sorted(self.links))
+                idle = not self.links and not self.joining
+            self.send_master(beats)
+            if idle and self.joined_any and time.monotonic() - self.last_leave > LINGER_S:
+                self.done.set()
+
+    # --- the agents' side -----------------------------------------------------------------------
+
+    def all_links(self) -> list[_Link]:
+        with self.lock:
+            return [*self.links.values(), *self.joining.values()]
+
+    def to_agents(self, message: dict[str, Any]) -> None:
+        """A stop or a beat from the master, to every seated agent (one still joining waits for its seat)."""
+        with self.lock:
+            seated = list(self.links.values())
+        for link in seated:
+            link.channel.send(message)
+
+    def serve_agent(self, channel: Channel) -> None:
+        link = _Link(channel)
+        try:
+            self._serve(link)
+        finally:
+            self._leave(link)
+
+    def _serve(self, link: _Link) -> None:
+        while (message := link.channel.receive()) is not None:
+            if not isinstance(message, dict):
+                continue
+            kind = message.get("type")
+            if (
+                kind == "join"
+                and link.rank is None
+                and protocol.problem(message, protocol.NODE_SESSION_MESSAGES) is None
+            ):
+                link.rank = message["rank"]
+                with self.lock:
+                    self.joining[link.rank] = link  # type: ignore[index]
+                    self.joined_any = True
+                self.send_master({**message, "node": self.node})
+            elif link.rank is None:
+                continue
+            elif kind == "beat" and protocol.problem(message, protocol.SESSION_MESSAGES) is None:
+                with self.lock:
+                    self.beats.record(link.rank, message)
+            elif kind == "exit" and protocol.problem(message, protocol.SESSION_MESSAGES) is None:
+                link.exited = True
+                self.send_master({**message, "rank": link.rank})
+
+    def _leave(self, link: _Link) -> None:
+        link.channel.close()
+        with self.lock:
+            seated = link.rank is not None and self.links.get(link.rank) is link
+            if seated:
+                del self.links[link.rank]  # type: ignore[arg-type]
+                self.beats.forget(link.rank)  # type: ignore[arg-type]
+            elif link.rank is not None and self.joining.get(link.rank) is link:
+                del self.joining[link.rank]
+            self.last_leave = time.monotonic()
+        if seated and not link.exited and not self.done.is_set():
+            self.send_master(
+                {"type": "gone", "rank": link.rank, "reason": "its agent left the node relay without an exit"}
+            )
+
+    def accept(self, listener: socket.socket) -> None:
+        while not self.done.is_set():
+            try:
+                sock, _ = listener.accept()
+            except OSError:
+                return
+            if not _same_user(sock):
+                sock.close()
+                continue
+            threading.Thread(target=self.serve_agent, args=(Channel(sock),), daemon=True).start()
+
+    # --- main -----------------------------------------------------------------------------------
+
+    def run(self, connect_timeout_s: float) -> int:
+        try:
+            self.connect(connect_timeout_s)
+        except ConnectionError as error:
+            say(f"error: {error}")
+            return 1
+        listener = listen(self.job_dir)
+        (self.job_dir / PID_NAME).write_text(f"{os.getpgrp()} {os.getpid()}\n")
+        for work, args in ((self.from_master, ()), (self.accept, (listener,))):
+            threading.Thread(target=work, args=args, daemon=True).start()
+        try:
+            self.tick()
+        finally:
+            with contextlib.suppress(OSError):
+                listener.close()
+                os.unlink(self.job_dir / SOCKET_NAME)
+            with contextlib.suppress(OSError):
+                (self.job_dir / PID_NAME).unlink()
+            if self.master is not None:
+                self.master.close()
+        return 0
+
+
+def say(text: str) -> None:
+    print(f"gaudi-cluster[relay]: {text}", flush=True)
+
+
+def listen(job_dir: Path) -> socket.socket:
+    """The agents' socket, replacing a dead relay's: only this user may connect (0700 directory)."""
+    path = socket_path(job_dir)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    os.chmod(path, 0o600)
+    listener.listen(64)
+    return listener
+
+
+def _same_user(sock: socket.socket) -> bool:
+    """SO_PEERCRED: the peer runs as this relay's user (on top of the directory's 0700)."""
+    try:
+        _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    except OSError:
+        return False
+    return uid == os.getuid()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gaudi_cluster.rank.relay", allow_abbrev=False)
+    parser.add_argument("--job-id", required=True)
+    parser.add_argument("--job-root", required=True, type=Path)
+    parser.add_argument("--control", required=True, help="HOST:PORT of the master's control channel")
+    parser.add_argument("--connect-timeout", type=float, default=30.0)
+    args = parser.parse_args(argv)
+    relay = Relay(args.job_id, jobdir.create(args.job_root, args.job_id), args.control)
+    return relay.run(args.connect_timeout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""An agent's way onto its node's relay: join the running one, or start it first (one per job and node).
+
+Agents of one node start together and race: the first to hold the job's relay lock starts the relay
+(in a session of its own, its output in the job's relay.log, never the agent's stdout: an ssh
+session would wait for it) and waits until it listens, which it does only once the master admitted
+the node; the others find it listening. The master then seats the rank (`join` -> `seated`), or
+refuses it with the reason, before the agent starts its rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gaudi_cluster.rank.relay import SOCKET_NAME, socket_path
+from gaudi_cluster.wire import protocol
+from gaudi_cluster.wire.channel import Channel
+
+RELAY_MODULE = "gaudi_cluster.rank.relay"
+LOCK_NAME = "relay.lock"
+LOG_NAME = "relay.log"
+POLL_S = 0.05
+RELAY_GRACE_S = 3.0
+
+
+def join(job_dir: Path, job_id: str, control: str, member: dict[str, object], timeout_s: float) -> Channel:
+    """This rank's seated link to its node's relay; ConnectionError (with the master's or the
+    relay's reason) when the rank may not start."""
+    deadline = time.monotonic() + timeout_s
+    channel = _relay_link(job_dir, job_id, control, deadline)
+    channel.settimeout(max(1.0, deadline - time.monotonic()))
+    channel.send({"type": "join", **member})
+    answer = channel.receive()
+    channel.settimeout(None)
+    if isinstance(answer, dict) and answer.get("type") == "seated":
+        return channel
+    channel.close()
+    why = answer.get("reason") if isinstance(answer, dict) else channel.close_reason or "no answer"
+    raise ConnectionError(f"the master refused this rank: {str(why)[:200]}")
+
+
+def _relay_link(job_dir: Path, job_id: str, control: str, deadline: float) -> Channel:
+    if (channel := _connect(job_dir)) is not None:
+        return channel
+    with (job_dir / LOCK_NAME).open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one agent starts the relay; the others wait here, then join it
+        if (channel := _connect(job_dir)) is not None:
+            return channel
+        relay = _start_relay(job_dir, job_id, control, deadline)
+        while (channel := _connect(job_dir)) is None:
+            if relay.poll() is not None:
+                raise ConnectionError(_relay_error(job_dir))
+            if time.monotonic() > deadline + RELAY_GRACE_S:  # the relay gives up at the deadline: its reason
+                raise ConnectionError(f"the node relay did not start listening in {job_dir / SOCKET_NAME}")
+            time.sleep(POLL_S)
+        return channel
+
+
+def _connect(job_dir: Path) -> Channel | None:
+    if not (job_dir / SOCKET_NAME).exists():
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(socket_path(job_dir))
+    except OSError:  # a dead relay's socket: the next relay replaces it
+        sock.close()
+        return None
+    return Channel(sock)
+
+
+def _start_relay(job_dir: Path, job_id: str, control: str, deadline: float) -> subprocess.Popen[bytes]:
+    command = [
+        sys.executable,
+        "-u",
+        "-m",
+        RELAY_MODULE,
+        "--job-id",
+        job_id,
+        "--job-root",
+        str(job_dir.parent),
+    ]
+    command += ["--control", control, "--connect-timeout", f"{max(1.0, deadline - time.monotonic()):.1f}"]
+    with (job_dir / LOG_NAME).open("ab") as log:
+        return subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def _relay_error(job_dir: Path) -> str:
+    """The relay's own last line (it says why the master did not admit the node)."""
+    with contextlib.suppress(OSError):
+        lines = (job_dir / LOG_NAME).read_text(errors="replace").strip().splitlines()
+        if lines:
+            return lines[-1].removeprefix("gaudi-cluster[relay]: error: ")[: protocol.LAST_LINE_CHARS * 2]
+    return "the node relay ended before it listened"

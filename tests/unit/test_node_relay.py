@@ -1,0 +1,143 @@
+"""The node relay, for real: agents of one node share one connection to the master's ControlServer.
+
+Real agent and relay processes on this machine (one node, several ranks) against the real server:
+one relay per job and node, one seated connection, every rank's hello, beats and exit through it;
+an agent killed, the relay killed, the master gone, a rank the plan did not put there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from gaudi_cluster.rank import jobdir
+from gaudi_cluster.rank.relay import PID_NAME
+from gaudi_cluster.supervise.control import ControlServer, EventKind
+from gaudi_cluster.wire import protocol
+from gaudi_cluster.wire.private_payload import PrivatePayload
+
+JOB = "20261202-000000-relay0"
+NODE = "node-a"
+APP = Path(__file__).resolve().parents[2] / "app"
+HOST = socket.gethostname()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """A master expecting ranks 0-3 on this host (node-a) and rank 4 elsewhere, the node's key staged."""
+    secret = protocol.new_token()
+    jobdir.stage(tmp_path, JOB, PrivatePayload(node=NODE, token=protocol.node_key(secret, NODE)))
+    expected = {rank: HOST for rank in range(4)} | {4: "elsewhere"}
+    nodes = {rank: NODE for rank in range(4)} | {4: "node-b"}
+    server = ControlServer("127.0.0.1", 0, JOB, 30.0, secret, expected, nodes=nodes)
+    server.start()
+    started: list[subprocess.Popen[str]] = []
+
+    def agent(rank: int, program: str) -> subprocess.Popen[str]:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gaudi_cluster.rank.agent", "--job-id", JOB, "--job-root", str(tmp_path),
+             "--heartbeat-timeout", "30", "--connect-timeout", "10", "--control", f"127.0.0.1:{server.port}",
+             "--", "sh", "-c", program],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+            env={"PYTHONPATH": str(APP), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "4",
+                 "PATH": os.environ["PATH"]},
+        )  # fmt: skip
+        started.append(process)
+        return process
+
+    yield server, agent, tmp_path / JOB
+    for process in started:
+        process.kill()
+    server.close()
+    relay = relay_process(tmp_path / JOB)
+    if relay is not None:
+        relay.kill()
+
+
+def relay_process(job_dir: Path) -> psutil.Process | None:
+    try:
+        return psutil.Process(int((job_dir / PID_NAME).read_text().split()[1]))
+    except (OSError, ValueError, psutil.NoSuchProcess):
+        return None
+
+
+def take(server: ControlServer, count: int, timeout_s: float = 20.0) -> list:
+    found, deadline = [], time.monotonic() + timeout_s
+    while len(found) < count and time.monotonic() < deadline:
+        with contextlib.suppress(queue.Empty):
+            found.append(server.events.get(timeout=0.2))
+    return found
+
+
+def seated_connections(server: ControlServer) -> int:
+    return len(server._sessions)
+
+
+def test_the_ranks_of_a_node_share_one_connection_and_end_through_it(cluster):
+    server, agent, job_dir = cluster
+    agents = [agent(rank, f"echo up; sleep 2; exit {rank}") for rank in range(4)]
+    hellos = take(server, 4)
+    assert sorted(e.rank for e in hellos) == [0, 1, 2, 3] and {e.kind for e in hellos} == {EventKind.HELLO}
+    assert seated_connections(server) == 1  # not four
+    relay = relay_process(job_dir)
+    assert relay is not None and relay.is_running()
+    exits = take(server, 4)
+    assert {e.rank: e.detail["code"] for e in exits} == {0: 0, 1: 1, 2: 2, 3: 3}
+    assert [process.wait(timeout=10) for process in agents] == [0, 1, 2, 3]
+    relay.wait(timeout=10)  # the relay ends once its last agent has left
+    assert not (job_dir / PID_NAME).exists()
+
+
+def test_beats_carry_each_ranks_step_and_a_killed_agent_is_lost_alone(cluster):
+    server, agent, _ = cluster
+    progress = 'echo "{\\"step\\": 7, \\"t\\": $(date +%s)}" > "$GAUDI_CLUSTER_PROGRESS_FILE"; sleep 30'
+    agents = [agent(rank, progress) for rank in range(3)]
+    assert len(take(server, 3)) == 3
+    steps, deadline = [], time.monotonic() + 10
+    while time.monotonic() < deadline and steps != [7, 7, 7]:
+        time.sleep(0.2)
+        steps = [a.step for a in sorted(server.agents(), key=lambda a: a.rank)]
+    assert steps == [7, 7, 7]
+    agents[1].send_signal(signal.SIGKILL)  # the agent dies, its rank's process group lives on for now
+    (lost,) = take(server, 1)
+    assert (lost.kind, lost.rank) == (EventKind.LOST, 1) and "connection closed" in lost.detail["reason"]
+    assert sorted(server.running()) == [0, 2]
+
+
+def test_a_killed_relay_loses_every_rank_of_its_node_and_its_agents_stop(cluster):
+    server, agent, job_dir = cluster
+    agents = [agent(rank, "sleep 60") for rank in range(2)]
+    assert len(take(server, 2)) == 2
+    relay = relay_process(job_dir)
+    assert relay is not None
+    relay.kill()
+    lost = take(server, 2)
+    assert sorted((e.kind, e.rank) for e in lost) == [(EventKind.LOST, 0), (EventKind.LOST, 1)]
+    assert all(process.wait(timeout=10) != 0 for process in agents)  # cut off: the ranks were stopped
+
+
+def test_the_master_gone_stops_every_rank(cluster):
+    server, agent, _ = cluster
+    agents = [agent(rank, "sleep 60") for rank in range(2)]
+    assert len(take(server, 2)) == 2
+    server.close()
+    assert all(process.wait(timeout=10) != 0 for process in agents)
+    out = agents[0].stdout.read()
+    assert "the master closed the control channel" in out
+
+
+def test_a_rank_not_planned_on_this_node_is_refused_with_the_reason(cluster):
+    _, agent, _ = cluster
+    stray = agent(4, "echo should not run")
+    assert stray.wait(timeout=20) == 1
+    out = stray.stdout.read()
+    assert "was not launched on node 'node-a'" in out and "should not run" not in out
