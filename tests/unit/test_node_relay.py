@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -21,8 +22,10 @@ import psutil
 import pytest
 from gaudi_cluster.rank import jobdir
 from gaudi_cluster.rank.relay import PID_NAME
+from gaudi_cluster.supervise import admission
 from gaudi_cluster.supervise.control import ControlServer, EventKind
 from gaudi_cluster.wire import protocol
+from gaudi_cluster.wire.channel import Channel
 from gaudi_cluster.wire.private_payload import PrivatePayload
 
 JOB = "20261202-000000-relay0"
@@ -141,3 +144,40 @@ def test_a_rank_not_planned_on_this_node_is_refused_with_the_reason(cluster):
     assert stray.wait(timeout=20) == 1
     out = stray.stdout.read()
     assert "was not launched on node 'node-a'" in out and "should not run" not in out
+
+
+def test_a_silent_master_is_lost_by_the_relay_within_the_heartbeat_timeout(tmp_path):
+    """A master that seats the rank and then says nothing (a partition, not a close): the relay gives
+    up after the heartbeat timeout instead of waiting on TCP, and the rank is stopped."""
+    secret = protocol.new_token()
+    jobdir.stage(tmp_path, JOB, PrivatePayload(node=NODE, token=protocol.node_key(secret, NODE)))
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[Channel] = []
+
+    def silent_master() -> None:
+        sock, _ = listener.accept()
+        channel = Channel(sock)
+        gate = admission.Gate(JOB, secret, {0: HOST}, {0: NODE}, None)
+        channel.session = gate.admit(channel, "127.0.0.1", lambda _seat: False).session
+        join = channel.receive()
+        channel.send({"type": "seated", "rank": join["rank"]})
+        held.append(channel)  # and never a beat again
+
+    threading.Thread(target=silent_master, daemon=True).start()
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "gaudi_cluster.rank.agent", "--job-id", JOB, "--job-root", str(tmp_path),
+         "--heartbeat-timeout", "2", "--control", f"127.0.0.1:{listener.getsockname()[1]}", "--",
+         "sleep", "60"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+        env={"PYTHONPATH": str(APP), "RANK": "0", "WORLD_SIZE": "1", "PATH": os.environ["PATH"]},
+    )  # fmt: skip
+    try:
+        assert agent.wait(timeout=20) != 0
+        deadline = time.monotonic() + 10
+        while (tmp_path / JOB / PID_NAME).exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not (tmp_path / JOB / PID_NAME).exists()  # the relay ended too
+        assert held, agent.stdout.read()
+    finally:
+        agent.kill()
+        listener.close()

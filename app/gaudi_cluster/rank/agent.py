@@ -224,6 +224,7 @@ class RankAgent:
                     self.control_address,
                     {**me, "node": self.node},
                     self.connect_timeout_s,
+                    self.heartbeat_timeout_s,
                 )
             except ConnectionError as error:
                 self.say(f"error: {error}; the rank is not started without supervision")

@@ -9,7 +9,7 @@ master's stops and beats go to every agent, so an agent keeps its own rules: it 
 the master's beats stop or its link closes. The relay ends once its last agent has left (or the
 master has: then every agent is cut off, which stops its rank at once).
 
-    python -m gaudi_cluster.rank.relay --job-id J --job-root R --control HOST:PORT
+    python -m gaudi_cluster.rank.relay --job-id J --job-root R --control HOST:PORT --heartbeat-timeout S
 
 At 1,000 nodes x 8 ranks this is what keeps the master at 1,000 connections and 1,000 messages a
 second instead of 8,000 of each. The threads here (one per agent, 8 on a Gaudi server) are the
@@ -60,8 +60,9 @@ class _Link:
 
 
 class Relay:
-    def __init__(self, job_id: str, job_dir: Path, control: str) -> None:
+    def __init__(self, job_id: str, job_dir: Path, control: str, heartbeat_timeout_s: float) -> None:
         self.job_id, self.job_dir, self.control = job_id, job_dir, control
+        self.heartbeat_timeout_s = heartbeat_timeout_s
         self.host = socket.gethostname()
         self.master: Channel | None = None
         self.beats = NodeBeats()
@@ -88,6 +89,9 @@ class Relay:
         )
         self.node = private.node
         self.master = connect_and_authenticate(self.control, me, timeout_s)
+        # The master beats every second: this much silence is a master lost (a partition), and a
+        # send blocked this long (its window full) fails instead of hanging the relay.
+        self.master.settimeout(self.heartbeat_timeout_s)
 
     def send_master(self, message: dict[str, Any]) -> None:
         assert self.master is not None
@@ -256,9 +260,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--job-id", required=True)
     parser.add_argument("--job-root", required=True, type=Path)
     parser.add_argument("--control", required=True, help="HOST:PORT of the master's control channel")
+    parser.add_argument(
+        "--heartbeat-timeout", required=True, type=float, help="silence that loses the master"
+    )
     parser.add_argument("--connect-timeout", type=float, default=30.0)
     args = parser.parse_args(argv)
-    relay = Relay(args.job_id, jobdir.create(args.job_root, args.job_id), args.control)
+    job_dir = jobdir.create(args.job_root, args.job_id)
+    relay = Relay(args.job_id, job_dir, args.control, args.heartbeat_timeout)
     return relay.run(args.connect_timeout)
 
 

@@ -21,18 +21,21 @@ from gaudi_cluster.rank.relay import SOCKET_NAME, socket_path
 from gaudi_cluster.wire import protocol
 from gaudi_cluster.wire.channel import Channel
 
-RELAY_MODULE = "gaudi_cluster.rank.relay"
+RELAY_MODULE_ARGS = (sys.executable, "-u", "-m", "gaudi_cluster.rank.relay")
 LOCK_NAME = "relay.lock"
 LOG_NAME = "relay.log"
 POLL_S = 0.05
 RELAY_GRACE_S = 3.0
 
 
-def join(job_dir: Path, job_id: str, control: str, member: dict[str, object], timeout_s: float) -> Channel:
+def join(
+    job_dir: Path, job_id: str, control: str, member: dict[str, object], timeout_s: float, heartbeat_s: float
+) -> Channel:
     """This rank's seated link to its node's relay; ConnectionError (with the master's or the
     relay's reason) when the rank may not start."""
     deadline = time.monotonic() + timeout_s
-    channel = _relay_link(job_dir, job_id, control, deadline)
+    relay = [*RELAY_MODULE_ARGS, "--job-id", job_id, "--job-root", str(job_dir.parent), "--control", control]
+    channel = _relay_link(job_dir, [*relay, "--heartbeat-timeout", str(heartbeat_s)], deadline)
     channel.settimeout(max(1.0, deadline - time.monotonic()))
     channel.send({"type": "join", **member})
     answer = channel.receive()
@@ -44,14 +47,14 @@ def join(job_dir: Path, job_id: str, control: str, member: dict[str, object], ti
     raise ConnectionError(f"the master refused this rank: {str(why)[:200]}")
 
 
-def _relay_link(job_dir: Path, job_id: str, control: str, deadline: float) -> Channel:
+def _relay_link(job_dir: Path, relay_args: list[str], deadline: float) -> Channel:
     if (channel := _connect(job_dir)) is not None:
         return channel
     with (job_dir / LOCK_NAME).open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one agent starts the relay; the others wait here, then join it
         if (channel := _connect(job_dir)) is not None:
             return channel
-        relay = _start_relay(job_dir, job_id, control, deadline)
+        relay = _start_relay(job_dir, relay_args, deadline)
         while (channel := _connect(job_dir)) is None:
             if relay.poll() is not None:
                 raise ConnectionError(_relay_error(job_dir))
@@ -73,18 +76,8 @@ def _connect(job_dir: Path) -> Channel | None:
     return Channel(sock)
 
 
-def _start_relay(job_dir: Path, job_id: str, control: str, deadline: float) -> subprocess.Popen[bytes]:
-    command = [
-        sys.executable,
-        "-u",
-        "-m",
-        RELAY_MODULE,
-        "--job-id",
-        job_id,
-        "--job-root",
-        str(job_dir.parent),
-    ]
-    command += ["--control", control, "--connect-timeout", f"{max(1.0, deadline - time.monotonic()):.1f}"]
+def _start_relay(job_dir: Path, relay_args: list[str], deadline: float) -> subprocess.Popen[bytes]:
+    command = [*relay_args, "--connect-timeout", f"{max(1.0, deadline - time.monotonic()):.1f}"]
     with (job_dir / LOG_NAME).open("ab") as log:
         return subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
