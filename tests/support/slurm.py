@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -181,3 +183,47 @@ class SlurmCluster:
         if self.started:
             docker("rm", "-f", "-v", *self.started, check=False, timeout=120)
         docker("network", "rm", self.network, check=False)
+
+
+# ssh clients and servers by their command name (ps's comm: `sshd: root@notty` sessions included).
+SSH_COMMANDS = ("ssh", "sshd", "sshd-session")
+
+
+@dataclass
+class SshWatch:
+    """Samples `ps` in every node container, one node after another, until stopped: every ssh or
+    sshd process seen, and how many samples each node answered (a watch that saw nothing proves
+    nothing)."""
+
+    cluster: SlurmCluster
+    interval_s: float = 0.5
+    seen: list[str] = field(default_factory=list)
+    samples: dict[str, int] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> SshWatch:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for node in NODES:
+                try:
+                    done = self.cluster.exec(node, "ps", "-eo", "pid=,comm=,args=")
+                except subprocess.TimeoutExpired:
+                    continue
+                if done.returncode != 0:
+                    continue
+                self.samples[node] = self.samples.get(node, 0) + 1
+                for line in done.stdout.splitlines():
+                    parts = line.split(None, 2)
+                    if len(parts) >= 2 and parts[1] in SSH_COMMANDS:
+                        self.seen.append(f"{node}: {line.strip()}")
+            self._stop.wait(self.interval_s)
