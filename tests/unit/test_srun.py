@@ -4,13 +4,17 @@ from, and the worker that follows its master without sshd."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from gaudi_cluster.engines.auto import MasterWatch
-from gaudi_cluster.errors import ConfigError
+from gaudi_cluster.errors import ClusterNotReady, ConfigError
 from gaudi_cluster.launch.node import read_spec
 from gaudi_cluster.nodes import srun
+from gaudi_cluster.nodes.handover import send_checkpoint
 from gaudi_cluster.nodes.srun import SrunStep
+from gaudi_cluster.nodes.survey import NodeSurvey
+from gaudi_cluster.wire.node_report import NodeReport
 from gaudi_cluster.wire.node_spec import FanoutSpec, NodeEntry, NodeSpec
 from gaudi_cluster.wire.private_payload import PayloadBundle, PrivatePayload, PrivatePayloadError
 
@@ -176,3 +180,25 @@ def test_a_worker_under_srun_never_knocks_and_never_times_out_on_its_own():
         watch.observe(1.0, released=False, agents_running=True, master_answers=None, stop_requested=True)
         is None
     )
+
+
+def _survey(step: SrunStep | None, local: bool = False) -> NodeSurvey:
+    return NodeSurvey(
+        job_id="j", job_dir=Path("/nonexistent"), ssh_config=None, master_addr="node1", local_addr="10.0.0.1",
+        socket_ifname=None, hosts=("node1", "node2"), requested_slots={}, paths=(),
+        reports={h: NodeReport("cpu", 1, hostname=h) for h in ("node1", "node2")}, unreachable={},
+        local=local, srun=step,
+    )  # fmt: skip
+
+
+def test_the_survey_says_how_the_nodes_were_reached():
+    assert _survey(SrunStep("/usr/bin/srun", 42)).reached_by() == "by srun (Slurm job 42)"
+    assert _survey(None).reached_by() == "over ssh"
+    assert _survey(None, local=True).reached_by() == "locally"
+
+
+def test_a_newcomer_under_srun_stops_the_restart_with_the_fix_and_loses_no_checkpoint():
+    # The copy from a remaining node is an ssh pipe: refused before anything is touched.
+    with pytest.raises(ClusterNotReady, match=r"node2 take.*fix: GAUDI_CLUSTER_SLURM_LAUNCH=ssh"):
+        send_checkpoint(_survey(SrunStep("/usr/bin/srun", 42)), ["node2"], "/out")
+    assert send_checkpoint(_survey(SrunStep("/usr/bin/srun", 42)), [], "/out") == []
