@@ -8,7 +8,8 @@ Names: render, control, floor, image, throughput, launch (time to first step + o
 fabric (the fabric check's wall time and bandwidth beside a plain all-reduce loop), save (a checkpoint save
 with issue 24's steps beside the save before them), report (the final report of 8,000 ranks x 50,000 steps:
 peak memory beside the base commit's), swarm (the control plane at 64-1,000 nodes x 8 simulated ranks,
-beside the old server), elastic (a node killed -> first step on the nodes left, beside torchrun's agent).
+beside the old server), elastic (a node killed -> first step on the nodes left, beside torchrun's agent),
+slurm (sbatch -> every stub rank running on 32 Slurm test nodes, ours by srun steps vs plain srun).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from bench import (
     report_scale,
     save,
     scale,
+    slurm_launch,
     swarm,
     throughput,
 )
@@ -61,6 +63,7 @@ SUITE: dict[str, tuple[Callable[[Ctx], list[Row]], float, float, bool]] = {
     "report": (report_scale.run, 150, 90, False),  # the final report at 8,000 ranks: peak RSS, ours vs base
     "swarm": (swarm.run, 480, 120, False),  # 64, 256, 1,000 nodes x 8 swarm ranks, ours and the old server
     "elastic": (elastic.run, 900, 400, True),  # a node killed -> next attempt's first step, ours vs torchrun
+    "slurm": (slurm_launch.run, 420, 200, True),  # 32 Slurm test nodes: ours (srun steps) vs plain srun
 }
 # The whole suite's budget: every share in full (about 56 min on 2 cores).
 DEFAULT_BUDGET = float(sum(share for _runner, share, _least, _image in SUITE.values()))

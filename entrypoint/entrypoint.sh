@@ -9,7 +9,9 @@
 #                                   (K_MPI_JOB_ROLE), index 0 of an Indexed Job (JOB_COMPLETION_INDEX)
 #                                   or node 0 of a Slurm step (SLURM_NODEID) is the master, any other
 #                                   node a worker (which ignores JOB); a Slurm worker ends once its
-#                                   master releases it or is gone (python -m gaudi_cluster.engines.nodewatch)
+#                                   master releases it or is gone (python -m gaudi_cluster.engines.nodewatch);
+#                                   inside Slurm with srun on PATH no node runs sshd: the master starts
+#                                   everything by srun steps (GAUDI_CLUSTER_SLURM_LAUNCH=ssh: sshd as before)
 #   entrypoint.sh --flag ...        `gaudi-cluster --flag ...` (e.g. --help)
 #   entrypoint.sh CMD [ARGS...]     CMD passes through (docker run IMAGE bash -c 'echo ok')
 #
@@ -242,10 +244,15 @@ ep_run_worker() {
 	exec /usr/sbin/sshd -D -e -p "$port"
 }
 
-# ep_run_slurm_worker MASTER_HOST: a worker of a Slurm step. Slurm ends the step only once every task
-# has exited, so sshd runs under nodewatch, which exits once the master releases this node or is gone.
+# ep_run_slurm_worker MASTER_HOST LAUNCH: a worker of a Slurm step. Slurm ends the step only once every
+# task has exited, so sshd runs under nodewatch, which exits once the master releases this node or is
+# gone. LAUNCH srun (nodes/srun: the master reaches the nodes by srun steps): no sshd, no keys needed.
 ep_run_slurm_worker() {
-	local master="$1" port
+	local master="$1" launch="$2" port
+	if [[ "$launch" == srun ]]; then
+		mkdir -p /run/gaudi-cluster/jobs
+		exec python3 -m gaudi_cluster.engines.nodewatch follow --master "$master" --srun
+	fi
 	port="$(ep_ssh_port)"
 	ep_prepare worker "$port"
 	exec python3 -m gaudi_cluster.engines.nodewatch follow --master "$master" -- \
@@ -267,6 +274,14 @@ ep_wait_listening() {
 	return 1
 }
 
+# ep_run_srun_master [JOB...]: the master of a Slurm step that reaches the nodes by srun steps
+# (nodes/srun): no sshd and no client key; Slurm starts every process.
+ep_run_srun_master() {
+	mkdir -p /run/gaudi-cluster/jobs
+	ep_note "master: no sshd (Slurm starts the processes on every node); starting gaudi-cluster master"
+	exec gaudi-cluster master "$@"
+}
+
 ep_run_master() {
 	local port sshd_pid
 	port="$(ep_ssh_port)"
@@ -283,15 +298,21 @@ ep_run_master() {
 
 # ep_run_auto [JOB...]: the role the engine gives this node (see the header).
 ep_run_auto() {
-	local found role engine master
+	local found role engine master launch
 	found="$(python3 -m gaudi_cluster.engines.nodewatch role)" || exit "$?"
-	read -r role engine master <<<"$found"
+	read -r role engine master launch <<<"$found"
 	case "$role" in
-		master) ep_run_master "$@" ;;
+		master)
+			if [[ "$engine" == slurm && "$launch" == srun ]]; then
+				ep_run_srun_master "$@"
+			else
+				ep_run_master "$@"
+			fi
+			;;
 		worker)
 			(($# == 0)) || ep_note "auto: this node is a worker; the job arguments are the master's: $*"
 			if [[ "$engine" == slurm ]]; then
-				ep_run_slurm_worker "$master"
+				ep_run_slurm_worker "$master" "$launch"
 			else
 				ep_run_worker
 			fi

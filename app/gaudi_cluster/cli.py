@@ -180,6 +180,11 @@ def _parsers() -> tuple[Parser, dict[str, argparse.ArgumentParser]]:
         "--stage", metavar="JOB_ID", help="create this job's directory, private file from stdin"
     )
     probe.add_argument("--output-dir", help="report the free space where the job will write")
+    probe.add_argument(
+        "--srun-task",
+        action="store_true",
+        help="a task of the master's srun step: name this node first; --stage takes its own payload",
+    )
     probe.add_argument("--job-root", default=DEFAULT_JOB_ROOT, help=f"default {DEFAULT_JOB_ROOT}")
 
     reap = sub.add_parser(
@@ -312,6 +317,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             args.job_root,
             args.output_dir,
             args.check_fabric,
+            args.srun_task,
         )
     if args.command == "hostfile":
         from gaudi_cluster.nodes.hostfile import render_hostfile

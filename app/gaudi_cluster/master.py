@@ -242,10 +242,11 @@ def run_prepared(
     status = StatusServer(job.job_dir, lambda: {**supervisor.snapshot(), "spares": spares})
     status.start()
     log.info(
-        "job %s: %d ranks on %d nodes; launching: %s",
+        "job %s: %d ranks on %d nodes, started %s; launching: %s",
         job.job_id,
         job.world_size,
         len(job.ranks_by_host),
+        job.survey.reached_by(),
         plan.render_shell(job.plan).split("\n")[0],
     )
     if spares:
@@ -320,7 +321,7 @@ def write_report(
     )
     # Every rank's lines, whatever the console showed of them (rank 0's only, without --tee).
     rank_logs = str(job.job_dir / RANKS_DIR / "rank-<N>.log")
-    built["rank_logs"] = rank_logs
+    built.update(rank_logs=rank_logs, reached_by=job.survey.reached_by())
     if fabric_figures is not None:  # the --fabric-check run before this job (view/fabric FabricResult)
         built["fabric"] = json.loads(fabric_figures)
     written = report.write(built, supervisor.server.work_histories(), set(flagged), directory)

@@ -2,7 +2,9 @@
 
 Every job is the shipped slurm/gaudi-cluster.sbatch, submitted with `sbatch -N3`; the nodes decide
 their roles themselves (role `auto`), the master reads the step's node list, and the step ends when
-the job does. The test that kills a node runs last: it leaves the cluster one node short.
+the job does. The nodes have Slurm's client, so the master starts everything by srun steps and no
+node runs ssh or sshd (nodes/srun); one job keeps the ssh path (GAUDI_CLUSTER_SLURM_LAUNCH=ssh).
+The test that kills a node runs last: it leaves the cluster one node short.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from gaudi_cluster.nodes import slurm as slurm_lists
 from train.checkpoints import COMPLETE_MARKER
 
 from tests.support.docker import wait_until
-from tests.support.slurm import NODES, SlurmCluster
+from tests.support.slurm import NODES, SlurmCluster, SshWatch
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -115,12 +117,21 @@ def test_hostlist_expansion_matches_scontrol(slurm):
 
 def test_sbatch_trains_the_default_job_on_three_nodes(slurm):
     started = time.monotonic()
-    job = slurm.submit()
-    state = slurm.wait_for_end(job, timeout=900)
+    with SshWatch(slurm) as watch:
+        job = slurm.submit()
+        state = slurm.wait_for_end(job, timeout=900)
     log = slurm.output(job)
     assert state == "COMPLETED", log[-4000:]
     assert slurm.job_field(job, "ExitCode") == "0:0"
-    print(f"\ndefault job: sbatch -> COMPLETED in {time.monotonic() - started:.1f}s")
+    print(
+        f"\ndefault job: sbatch -> COMPLETED in {time.monotonic() - started:.1f}s; ps samples {watch.samples}"
+    )
+
+    # Slurm started every process: no ssh client or sshd on any node, at any sample of the job.
+    assert watch.seen == [], watch.seen
+    assert all(watch.samples.get(node, 0) >= 5 for node in NODES), watch.samples
+    assert "nodes reached by srun" in log
+    assert re.search(r"3 ranks on 3 nodes, started by srun \(Slurm job \d+\)", log), log[-3000:]
 
     # Node 0 of the step is the master, every node runs one rank (slots from each node, not Slurm's 1).
     assert "role auto: master (SLURM_NODEID=0)" in log
@@ -141,9 +152,23 @@ def test_sbatch_trains_the_default_job_on_three_nodes(slurm):
     assert wait_until(lambda: no_job_processes_anywhere(slurm), timeout=10)
 
 
+def test_the_ssh_path_stays_reachable_under_slurm(slurm):
+    """GAUDI_CLUSTER_SLURM_LAUNCH=ssh: every node runs sshd and the master probes and launches over ssh."""
+    job = slurm.submit("python3", "-c", "print('hello')", env={"GAUDI_CLUSTER_SLURM_LAUNCH": "ssh"})
+    state = slurm.wait_for_end(job, timeout=300)
+    log = slurm.output(job)
+    assert state == "COMPLETED", log[-4000:]
+    assert "nodes reached by ssh" in log
+    assert re.search(r"3 ranks on 3 nodes, started over ssh", log), log[-3000:]
+    assert rank_hosts(log) == {0: {"node1"}, 1: {"node2"}, 2: {"node3"}}
+    assert log.count("released by the master on node1") == 2
+    assert wait_until(lambda: no_job_processes_anywhere(slurm), timeout=10)
+
+
 def test_scancel_checkpoints_on_every_node_and_leaves_nothing(slurm):
     job = slurm.submit(*long_job("/workspace/output/stopped"))
     assert slurm.wait_for_output(job, FIRST_STEP, FIRST_STEP_TIMEOUT_S), slurm.output(job)[-4000:]
+    assert "started by srun" in slurm.output(job)
     slurm.exec("slurmctl", "scancel", str(job), check=True)
     cancelled = time.monotonic()
     state = slurm.wait_for_end(job, timeout=60)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -38,6 +40,7 @@ class SlurmCluster:
     image: str
     keys: Path
     workdir: Path
+    nodes: tuple[str, ...] = NODES  # more than three: a slurm.conf for them is mounted (bench/slurm_launch)
     session: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     started: list[str] = field(default_factory=list)
     start_seconds: float = 0.0
@@ -63,12 +66,17 @@ class SlurmCluster:
             "--network", self.network, "--label", LABEL, "--no-healthcheck",
             "-v", f"{munge}:/run/slurm-test:ro",
         ]  # fmt: skip
+        if self.nodes != NODES:
+            conf = self.workdir / "slurm.conf"
+            shipped = (SLURM_TEST_DIR / "slurm.conf").read_text()
+            conf.write_text(shipped.replace("NodeName=node[1-3]", f"NodeName=node[1-{len(self.nodes)}]"))
+            common += ["-v", f"{conf}:/etc/slurm/slurm.conf:ro"]
         self._run(
             CONTROLLER,
             [*common, "-v", f"{ROOT / 'slurm'}:/opt/gaudi-cluster-slurm:ro"],
             "controller",
         )
-        for node in NODES:
+        for node in self.nodes:
             output = self.output_dir(node)
             output.mkdir(parents=True)
             output.chmod(0o777)
@@ -77,7 +85,7 @@ class SlurmCluster:
         if not wait_until(self.all_idle, timeout=90, interval=0.3):
             pytest.fail(f"the Slurm cluster did not come up:\n{self.sinfo()}\n{self.all_logs()}")
         self.start_seconds = time.monotonic() - began
-        print(f"\nSlurm cluster (controller + {len(NODES)} nodes) up in {self.start_seconds:.1f}s")
+        print(f"\nSlurm cluster (controller + {len(self.nodes)} nodes) up in {self.start_seconds:.1f}s")
 
     def _run(self, host: str, args: list[str], part: str) -> None:
         name = self.container(host)
@@ -99,7 +107,7 @@ class SlurmCluster:
         return self.exec(CONTROLLER, "sinfo", "-h", "-o", "%T %D").stdout
 
     def all_idle(self) -> bool:
-        return self.sinfo().split() == ["idle", str(len(NODES))]
+        return self.sinfo().split() == ["idle", str(len(self.nodes))]
 
     def submit(self, *job: str, env: dict[str, str] | None = None) -> int:
         """sbatch -N3 the shipped script in direct mode; the job id."""
@@ -108,7 +116,7 @@ class SlurmCluster:
         exports = ",".join(["ALL", *(f"{key}={value}" for key, value in settings.items())])
         done = self.exec(
             CONTROLLER,
-            "sbatch", "--parsable", f"-N{len(NODES)}", f"--chdir={JOB_DIR}", f"--export={exports}",
+            "sbatch", "--parsable", f"-N{len(self.nodes)}", f"--chdir={JOB_DIR}", f"--export={exports}",
             SBATCH, *job,
             check=True,
         )  # fmt: skip
@@ -137,7 +145,7 @@ class SlurmCluster:
 
     def output(self, job: int) -> str:
         """The batch output (every task's stdout and stderr), on the first node."""
-        return self.exec(NODES[0], "cat", f"{JOB_DIR}/gaudi-cluster-{job}.out").stdout
+        return self.exec(self.nodes[0], "cat", f"{JOB_DIR}/gaudi-cluster-{job}.out").stdout
 
     def wait_for_output(self, job: int, pattern: str, timeout: float) -> bool:
         return wait_until(lambda: re.search(pattern, self.output(job)) is not None, timeout, interval=1.0)
@@ -165,7 +173,7 @@ class SlurmCluster:
             "d=$(ls -td /run/gaudi-cluster/jobs/*/ 2>/dev/null | head -1); "
             'for f in "$d"rank*.log; do [ -e "$f" ] && echo "== $f" && tail -n ' + str(lines) + ' "$f"; done'
         )
-        return "\n".join(f"--- {node}\n{self.exec(node, 'bash', '-c', script).stdout}" for node in NODES)
+        return "\n".join(f"--- {node}\n{self.exec(node, 'bash', '-c', script).stdout}" for node in self.nodes)
 
     def kill(self, node: str) -> None:
         docker("kill", self.container(node))
@@ -181,3 +189,47 @@ class SlurmCluster:
         if self.started:
             docker("rm", "-f", "-v", *self.started, check=False, timeout=120)
         docker("network", "rm", self.network, check=False)
+
+
+# ssh clients and servers by their command name (ps's comm: `sshd: root@notty` sessions included).
+SSH_COMMANDS = ("ssh", "sshd", "sshd-session")
+
+
+@dataclass
+class SshWatch:
+    """Samples `ps` in every node container, one node after another, until stopped: every ssh or
+    sshd process seen, and how many samples each node answered (a watch that saw nothing proves
+    nothing)."""
+
+    cluster: SlurmCluster
+    interval_s: float = 0.5
+    seen: list[str] = field(default_factory=list)
+    samples: dict[str, int] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> SshWatch:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for node in self.cluster.nodes:
+                try:
+                    done = self.cluster.exec(node, "ps", "-eo", "pid=,comm=,args=")
+                except subprocess.TimeoutExpired:
+                    continue
+                if done.returncode != 0:
+                    continue
+                self.samples[node] = self.samples.get(node, 0) + 1
+                for line in done.stdout.splitlines():
+                    parts = line.split(None, 2)
+                    if len(parts) >= 2 and parts[1] in SSH_COMMANDS:
+                        self.seen.append(f"{node}: {line.strip()}")
+            self._stop.wait(self.interval_s)

@@ -48,6 +48,7 @@ PURE = {
     "gaudi_cluster.nodes.image_checks",
     "gaudi_cluster.nodes.hostfile",
     "gaudi_cluster.nodes.slurm",
+    "gaudi_cluster.nodes.srun",
     "gaudi_cluster.nodes.discovery",
     "gaudi_cluster.nodes.find",
     "gaudi_cluster.settings.config",

@@ -16,6 +16,10 @@
   it; the worker then exits 0 as soon as no rank agent runs on the node any more (the ranks have
   saved their checkpoint and exited): waiting longer would only wait for a release that a node
   without sshd cannot receive, and exiting earlier would let Slurm kill ranks still saving.
+  Where the master reaches the nodes through srun (nodes/srun) the worker runs no sshd and never
+  knocks (`knocks=False`): it waits for the release (an srun step of the master's) or the SIGTERM
+  of the step's end. A master gone is Slurm's to notice then: its node's death or its non-zero exit
+  ends the step (--kill-on-bad-exit), and a master that exits 0 has released every worker first.
 """
 
 from __future__ import annotations
@@ -111,16 +115,24 @@ class WatchVerdict:
 class MasterWatch:
     """Decides, from what a worker observes each tick, whether and how it exits (see module doc)."""
 
-    def __init__(self, master: str, started_at: float, startup_timeout_s: float, gone_after_s: float) -> None:
+    def __init__(
+        self,
+        master: str,
+        started_at: float,
+        startup_timeout_s: float,
+        gone_after_s: float,
+        knocks: bool = True,
+    ) -> None:
         self.master = master
+        self.knocks = knocks
         self.started_at = started_at
         self.startup_timeout_s = startup_timeout_s
         self.gone_after_s = gone_after_s
         self.last_alive: float | None = None
 
     def should_knock(self, agents_running: bool) -> bool:
-        """Knock on the master's sshd only when no rank agent vouches for the master."""
-        return not agents_running
+        """Knock on the master's sshd only when no rank agent vouches for the master (never under srun)."""
+        return self.knocks and not agents_running
 
     def observe(
         self,
@@ -136,6 +148,8 @@ class MasterWatch:
             return WatchVerdict(0, f"released by the master on {self.master}; the job is over")
         if stop_requested and not agents_running:
             return WatchVerdict(0, "Slurm ended the step and no rank runs on this node any more")
+        if not self.knocks:
+            return None  # Slurm ends the step when the master is gone
         if agents_running or master_answers:
             self.last_alive = now
             return None

@@ -1,11 +1,13 @@
 """A worker's life under Slurm: its sshd as a child, until the master releases the node (thin).
 
     python -m gaudi_cluster.engines.nodewatch role
-        the role `auto` resolves to here (engine.auto_role), printed as `ROLE ENGINE MASTER_HOST|-`
-        for the entrypoint; the deciding variable goes to stderr.
-    python -m gaudi_cluster.engines.nodewatch follow --master HOST -- SSHD_ARGV...
-        runs sshd and exits when engine.MasterWatch says so: 0 once released, 1 once the master is
-        gone. SIGTERM (scancel, srun --kill-on-bad-exit) does not end it at once: the ranks on this
+        the role `auto` resolves to here (engine.auto_role), printed as
+        `ROLE ENGINE MASTER_HOST|- srun|ssh` for the entrypoint (the last: how the master reaches
+        the nodes, nodes/srun.launch_mode, decided alike on every node); the reasons go to stderr.
+    python -m gaudi_cluster.engines.nodewatch follow --master HOST [--srun] [-- SSHD_ARGV...]
+        runs sshd (not with --srun: the master reaches this node by srun steps) and exits when
+        engine.MasterWatch says so: 0 once released, 1 once the master is gone (ssh only).
+        SIGTERM (scancel, srun --kill-on-bad-exit) does not end it at once: the ranks on this
         node got the same stop and are saving a checkpoint, and leaving now would make slurmstepd
         kill them; it exits 0 once no rank agent runs here any more.
     python -m gaudi_cluster.engines.nodewatch release --key JOB.STEP [--exit-code N]
@@ -20,6 +22,7 @@ import argparse
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,7 +33,7 @@ from pathlib import Path
 
 from gaudi_cluster.engines import auto as engine
 from gaudi_cluster.errors import GaudiClusterError, error_line, exit_code_for
-from gaudi_cluster.nodes import slurm, ssh
+from gaudi_cluster.nodes import slurm, srun, srun_steps, ssh
 from gaudi_cluster.rank import procgroup
 from gaudi_cluster.settings.config import ClusterConfig, resolve_config
 from gaudi_cluster.wire import node_spec
@@ -81,12 +84,14 @@ def _stop(process: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
 
 
 def follow(master: str, sshd_argv: Sequence[str], config: ClusterConfig, key: str) -> int:
+    """Follow the master; without `sshd_argv` (srun mode) run no sshd and never knock."""
     marker = state_dir(config) / engine.release_marker_name(key)
     watch = engine.MasterWatch(
         master,
         started_at=time.monotonic(),
         startup_timeout_s=config.wait_timeout + STARTUP_MARGIN_S,
         gone_after_s=config.heartbeat_timeout,
+        knocks=bool(sshd_argv),
     )
     stop_requested: list[int] = []
 
@@ -97,12 +102,13 @@ def follow(master: str, sshd_argv: Sequence[str], config: ClusterConfig, key: st
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, on_signal)
-    sshd = subprocess.Popen(list(sshd_argv), stdin=subprocess.DEVNULL)
-    say(f"sshd on port {config.ssh_port}; following the master on {master} (Slurm step {key})")
+    sshd = subprocess.Popen(list(sshd_argv), stdin=subprocess.DEVNULL) if sshd_argv else None
+    how = f"sshd on port {config.ssh_port}" if sshd else "no sshd (the master starts everything by srun)"
+    say(f"{how}; following the master on {master} (Slurm step {key})")
     next_knock = 0.0
     try:
         while True:
-            code = sshd.poll()
+            code = sshd.poll() if sshd else None
             if code is not None and not stop_requested:
                 say(f"sshd exited with code {code}; this node can take no ranks")
                 return code or 1
@@ -125,7 +131,8 @@ def follow(master: str, sshd_argv: Sequence[str], config: ClusterConfig, key: st
                 return verdict.exit_code
             time.sleep(TICK_S)
     finally:
-        _stop(sshd)
+        if sshd is not None:
+            _stop(sshd)
         with contextlib.suppress(OSError):
             marker.unlink()
 
@@ -164,15 +171,19 @@ def release_workers(
         hosts = [host for host in hosts if host not in skip]
         if not hosts:
             return
+        command = [sys.executable, "-m", "gaudi_cluster.engines.nodewatch", "release", "--key", key]
+        if exit_code is not None:
+            command += ["--exit-code", str(exit_code)]
+        step = srun.step_for(environ, shutil.which("srun"))
+        if step is not None:
+            _release_over_srun(step, hosts, command, exit_code)
+            return
         if ssh_config is None:
             directory = Path(config.job_root) / f"release-{key}"
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             ssh_config = ssh.write_ssh_config(
                 directory, config.ssh_port, ssh.default_identity(Path(config.ssh_dir))
             )
-        command = [sys.executable, "-m", "gaudi_cluster.engines.nodewatch", "release", "--key", key]
-        if exit_code is not None:
-            command += ["--exit-code", str(exit_code)]
         results = ssh.run_on_hosts(hosts, command, ssh_config, timeout_s=8, connect_timeout_s=2)
     except (GaudiClusterError, OSError) as error:
         log.warning("could not release the Slurm step's workers: %s", error)
@@ -185,12 +196,24 @@ def release_workers(
             report("could not release %s: %s", host, ssh.explain_ssh_failure(result, config.ssh_port))
 
 
+def _release_over_srun(
+    step: srun.SrunStep, hosts: Sequence[str], command: Sequence[str], code: int | None
+) -> None:
+    """One srun step on every worker. Stopped by a signal (scancel, the time limit) the job is ending:
+    Slurm refuses new steps then, and the workers end on the same SIGTERM, so none is tried."""
+    if code is not None and code >= 128:
+        return
+    for host, why in srun_steps.run_everywhere(step, hosts, command, "gc-release", timeout_s=30).items():
+        log.warning("could not release %s: %s", host, why)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gaudi_cluster.engines.nodewatch")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("role", help="print the role `auto` resolves to: ROLE ENGINE MASTER_HOST|-")
     follow_parser = sub.add_parser("follow", help="run sshd until the master releases this node")
     follow_parser.add_argument("--master", required=True)
+    follow_parser.add_argument("--srun", action="store_true", help="no sshd: the master uses srun steps")
     follow_parser.add_argument("sshd", nargs=argparse.REMAINDER)
     release_parser = sub.add_parser("release", help="release this node (run by the master over ssh)")
     release_parser.add_argument("--key", required=True)
@@ -200,15 +223,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = resolve_config({}, os.environ)
         if args.command == "role":
             found = engine.auto_role(os.environ, {socket.gethostname(), socket.getfqdn()})
-            print(f"gaudi-cluster[entrypoint]: role auto: {found.role} ({found.reason})", file=sys.stderr)
-            print(f"{found.role} {found.engine} {found.master_host or '-'}")
+            launch = srun.launch_mode(os.environ, shutil.which("srun"))
+            via = f"; nodes reached by {launch}" if found.engine == engine.SLURM else ""
+            print(
+                f"gaudi-cluster[entrypoint]: role auto: {found.role} ({found.reason}){via}", file=sys.stderr
+            )
+            print(f"{found.role} {found.engine} {found.master_host or '-'} {launch}")
             return 0
         if args.command == "release":
             return release(config, args.key, args.exit_code)
         sshd_argv = args.sshd[1:] if args.sshd[:1] == ["--"] else args.sshd
         key = slurm.run_key(os.environ)
-        if not sshd_argv or key is None:
-            parser.error("follow needs SSHD_ARGV after -- and a Slurm step (SLURM_JOB_ID)")
+        if bool(sshd_argv) == args.srun or key is None:
+            parser.error(
+                "follow needs SSHD_ARGV after -- (or --srun, not both) and a Slurm step (SLURM_JOB_ID)"
+            )
         code = follow(args.master, sshd_argv, config, key)
         # Exit without interpreter shutdown: it restores SIGTERM's default action, and srun's
         # --kill-on-bad-exit (after the master's non-zero exit) may SIGTERM this task just then; a

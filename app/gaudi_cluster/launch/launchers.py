@@ -287,13 +287,15 @@ class TorchrunLauncher:
 
 class DirectLauncher:
     """Our own launch: one `gaudi_cluster.launch.fanout` here, starting `gaudi_cluster.launch.node` on
-    every node (this one without ssh, the others over the survey's shared ssh connections), each starting its
-    rank agents with the environment DeepSpeed's launch.py would give them. Nothing on the way
-    imports torch, which DeepSpeed's runner and launch.py each do before a rank starts."""
+    every node (this one without ssh, the others over the survey's ssh connections, or all in one srun
+    step inside Slurm), each starting its rank agents with the environment DeepSpeed's launch.py would
+    give them. Nothing on the way imports torch, as DeepSpeed's runner and launch.py each do."""
 
     name = "direct"
 
     def requires(self, inputs: PlanInputs) -> tuple[Requirement, ...]:
+        if inputs.srun:
+            return (_python(inputs), OnPath(inputs.srun[0], "or set GAUDI_CLUSTER_SLURM_LAUNCH=ssh"))
         if all(_is_here(inputs, entry.host) for entry in inputs.hostfile.entries):
             return (_python(inputs),)
         return (_python(inputs), SSH)
@@ -327,7 +329,7 @@ class DirectLauncher:
             )
         # A dry run writes no ssh config: the spec shows where it would be.
         ssh_config = inputs.ssh_config_path or "(the job's ssh config)"
-        launch = FanoutSpec(python=inputs.python, ssh_config=ssh_config, nodes=self.nodes(inputs))
+        launch = FanoutSpec(inputs.python, ssh_config, self.nodes(inputs), srun=inputs.srun)
         argv = (inputs.python, "-u", "-m", FANOUT_MODULE)
         return LaunchPlan(argv, {}, self.name, stdin=launch.to_json())
 

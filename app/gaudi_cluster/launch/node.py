@@ -1,7 +1,9 @@
 """The direct launcher's per-node process: starts this node's rank agents, waits for them.
 
-`python -m gaudi_cluster.launch.node` reads its node spec (JSON) from stdin, never from its command line,
-and gives each rank the torch.distributed environment DeepSpeed's launch.py would: RANK,
+`python -m gaudi_cluster.launch.node` reads its node spec (JSON) from stdin, never from its command
+line; with --from-launch (a task of the master's srun step, launch/fanout) stdin is the whole launch
+and it takes this node's entry (SLURMD_NODENAME, nodes/srun.pick_own). It gives each rank the
+torch.distributed environment DeepSpeed's launch.py would: RANK,
 LOCAL_RANK, WORLD_SIZE, LOCAL_SIZE, CROSS_RANK, CROSS_SIZE, MASTER_ADDR, MASTER_PORT and
 CUDA_VISIBLE_DEVICES (every DeepSpeed accelerator sets that one to the node's slot ids), plus the
 job's variables, in the master's working directory with it first on PYTHONPATH (as DeepSpeed's
@@ -15,9 +17,11 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-from gaudi_cluster.wire.node_spec import AGENT_MODULE, NodeSpec, NodeSpecError
+from gaudi_cluster.errors import ConfigError
+from gaudi_cluster.nodes import srun
+from gaudi_cluster.wire.node_spec import AGENT_MODULE, FanoutSpec, NodeSpec, NodeSpecError
 
 
 def rank_environments(spec: NodeSpec, base: Mapping[str, str]) -> list[dict[str, str]]:
@@ -44,10 +48,20 @@ def agent_command(spec: NodeSpec) -> list[str]:
     return [spec.python, "-u", "-m", AGENT_MODULE, *spec.agent_args]
 
 
-def main() -> int:
+def read_spec(text: str, from_launch: bool, env: Mapping[str, str]) -> NodeSpec:
+    """This node's spec: stdin itself, or (from_launch) this node's entry of the whole launch."""
+    if not from_launch:
+        return NodeSpec.from_json(text)
+    launch = FanoutSpec.from_json(text)
+    hosts = {host: None for host in launch.hosts()}
+    return launch.entry(srun.pick_own(hosts, env)).spec
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
     try:
-        spec = NodeSpec.from_json(sys.stdin.read())
-    except NodeSpecError as error:
+        spec = read_spec(sys.stdin.read(), args == ["--from-launch"], os.environ)
+    except (NodeSpecError, ConfigError) as error:
         print(f"gaudi-cluster[node]: error: bad node spec on stdin ({error}); fix: let the master start it")
         return 2
     envs, command = rank_environments(spec, os.environ), agent_command(spec)

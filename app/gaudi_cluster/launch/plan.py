@@ -214,3 +214,5 @@ class PlanInputs:
     # The master's environment sets Open MPI's tree-spawn parameter (every node holds the client key):
     # mpirun's default then, else the plan turns tree spawn off.
     mpi_tree_spawn: bool = False
+    # Inside a Slurm allocation (nodes/srun): the srun step that starts every node's process; empty: ssh.
+    srun: tuple[str, ...] = ()

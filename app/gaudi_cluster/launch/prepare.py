@@ -185,7 +185,14 @@ def prepare(
     if survey.unreachable:
         details = "; ".join(f"{host}: {why}" for host, why in survey.unreachable.items())
         raise ClusterNotReady(
-            f"{len(survey.unreachable)} of {len(survey.hosts)} nodes failed the ssh probe: {details}"
+            f"{len(survey.unreachable)} of {len(survey.hosts)} nodes failed the "
+            f"{'srun' if survey.srun else 'ssh'} probe: {details}"
+        )
+    if survey.srun is not None and settings.launcher != "direct":
+        # Inside Slurm no node runs sshd (nodes/srun): pdsh, mpirun's ssh agent and ours need one.
+        raise ConfigError(
+            f"launcher {settings.launcher} starts ranks over ssh, and inside Slurm the nodes run no sshd; "
+            "fix: --launcher direct (Slurm starts it), or GAUDI_CLUSTER_SLURM_LAUNCH=ssh"
         )
     accelerator = resolve_accelerator(settings.accelerator, environ, survey.master_report)
     env_file = job_env_for(settings, accelerator, survey, environ, staged)
@@ -245,6 +252,7 @@ def prepare(
         mpi_binding=options.mpi_binding,
         # Open MPI's tree-spawn parameter set in the master's environment (OMPI_MCA_plm_rsh_no_tree_spawn):
         # its choice, not the plan's (every node then holds the client key).
+        srun=_launch_step(survey, hostfile),
         mpi_tree_spawn=any(
             name.startswith(("OMPI_MCA_", "PRTE_MCA_")) and name.endswith("_no_tree_spawn")
             for name in environ
@@ -278,6 +286,13 @@ def prepare(
         token=staged.token,
         attempt=attempt,
     )
+
+
+def _launch_step(survey: NodeSurvey, hostfile: Hostfile) -> tuple[str, ...]:
+    """The srun step that starts the direct launcher's process on every node (nodes/srun), if any."""
+    if survey.srun is None or survey.local:
+        return ()
+    return tuple(survey.srun.argv([entry.host for entry in hostfile.entries], "gc-launch", stdin=True))
 
 
 def rank_hosts(active: Mapping[str, Sequence[int]], survey: NodeSurvey) -> dict[int, str]:

@@ -8,7 +8,7 @@ import time
 from collections.abc import Set
 from pathlib import Path
 
-from gaudi_cluster.nodes import ssh
+from gaudi_cluster.nodes import srun_steps, ssh
 from gaudi_cluster.nodes.survey import NodeSurvey
 from gaudi_cluster.rank import jobdir
 from gaudi_cluster.rank.reap import reap_job
@@ -22,16 +22,19 @@ def remove_private_files(survey: NodeSurvey, job_root: str) -> None:
     if survey.local:
         (survey.job_dir / jobdir.PRIVATE_FILE).unlink(missing_ok=True)
         return
-    if survey.ssh_config is None:
-        return
     path = str(jobdir.job_dir(job_root, survey.job_id) / jobdir.PRIVATE_FILE)
     hosts = (*survey.hosts, *survey.spares)  # a spare's probe staged one too, though it runs no rank
-    results = ssh.run_on_hosts(hosts, ["rm", "-f", path], survey.ssh_config, timeout_s=10)
-    for host, result in results.items():
-        if not result.ok:
-            log.warning(
-                "could not remove the private file of job %s on %s (reap removes it)", survey.job_id, host
-            )
+    if survey.srun is not None:
+        failed = set(srun_steps.run_everywhere(survey.srun, hosts, ["rm", "-f", path], "gc-unstage", 10))
+    elif survey.ssh_config is not None:
+        results = ssh.run_on_hosts(hosts, ["rm", "-f", path], survey.ssh_config, timeout_s=10)
+        failed = {host for host, result in results.items() if not result.ok}
+    else:
+        return
+    for host in sorted(failed):
+        log.warning(
+            "could not remove the private file of job %s on %s (reap removes it)", survey.job_id, host
+        )
 
 
 def reap_everywhere(
@@ -44,7 +47,7 @@ def reap_everywhere(
     if survey.local:
         reap_job(Path(job_root), survey.job_id)
         return
-    if survey.ssh_config is None:
+    if survey.ssh_config is None and survey.srun is None:
         return
     cmd = [
         sys.executable,  # the image's Python: the same path on every node
@@ -60,6 +63,15 @@ def reap_everywhere(
     names = {host: survey.node_name(host) for host in survey.hosts}
     reachable = [host for host, name in names.items() if name not in lost_hosts]
     began = time.monotonic()
+    if survey.srun is not None:
+        # One step on every node still reachable; scancel's SIGTERM may have ended the job, and srun
+        # then refuses the step at once (Slurm reaps the job's processes itself).
+        failed = srun_steps.run_everywhere(survey.srun, reachable, cmd, "gc-reap", timeout_s=20)
+        for host, why in failed.items():
+            log.warning("could not clean up job %s on %s: %s", survey.job_id, host, why)
+        log.debug("reaped job %s through srun in %.2fs", survey.job_id, time.monotonic() - began)
+        return
+    assert survey.ssh_config is not None
     results = ssh.run_on_hosts(reachable, cmd, survey.ssh_config, timeout_s=3, connect_timeout_s=1)
     log.debug("reaped job %s on %s in %.2fs", survey.job_id, ", ".join(reachable), time.monotonic() - began)
     for host, result in results.items():

@@ -65,6 +65,12 @@ def send_checkpoint(survey: NodeSurvey, newcomers: Sequence[str], output_dir: st
     """Copy the agreed checkpoint to every newcomer that lacks it (at once); lines for the console.
     A copy that fails leaves nothing under a live name and stops the job (ClusterNotReady): started
     without it, the ranks would agree on no common checkpoint and set every saved one aside."""
+    if survey.srun is not None and newcomers:
+        # Copying between two nodes is one ssh pipe; srun steps have no node-to-node stream.
+        raise ClusterNotReady(
+            f"{', '.join(newcomers)} take lost nodes' places and need their checkpoint copied, which "
+            "is done over ssh; fix: GAUDI_CLUSTER_SLURM_LAUNCH=ssh for a job with spares"
+        )
     if survey.ssh_config is None or not newcomers:
         return []
     holders = [host for host in survey.hosts if host not in newcomers]

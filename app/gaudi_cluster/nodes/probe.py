@@ -20,11 +20,11 @@ from pathlib import Path
 
 from gaudi_cluster.env import presets
 from gaudi_cluster.errors import ConfigError
-from gaudi_cluster.nodes import devices
+from gaudi_cluster.nodes import devices, srun
 from gaudi_cluster.rank import jobdir
 from gaudi_cluster.settings import profiles
 from gaudi_cluster.wire.node_report import Interface, NodeReport
-from gaudi_cluster.wire.private_payload import PrivatePayload, PrivatePayloadError
+from gaudi_cluster.wire.private_payload import PayloadBundle, PrivatePayload, PrivatePayloadError
 
 PACKAGES = ("torch", "deepspeed", "transformers", "optimum-habana", "habana-torch-plugin")
 BUILD_ID_FILE = Path("/opt/gaudi-cluster/BUILD_ID")
@@ -260,11 +260,22 @@ def run(
     job_root: str,
     output_dir: str | None = None,
     check_fabric: bool = False,
+    srun_task: bool = False,
 ) -> int:
-    """`gaudi-cluster probe`: stage the job's directory (private payload on stdin) if asked, then report."""
+    """`gaudi-cluster probe`: stage the job's directory (private payload on stdin) if asked, then report.
+
+    `srun_task`: a task of the master's srun step (nodes/srun): its first line names this node, and
+    stdin holds every node's payload, of which this node stages its own only."""
+    if srun_task:
+        print(srun.NODE_LINE_PREFIX + os.environ.get(srun.NODE_NAME_VARIABLE, ""), flush=True)
     if stage_job:
         try:
-            payload = PrivatePayload.from_json(sys.stdin.read())
+            text = sys.stdin.read()
+            if srun_task:
+                bundle = PayloadBundle.from_json(text)
+                payload = bundle.payloads[srun.pick_own(bundle.payloads, os.environ)]
+            else:
+                payload = PrivatePayload.from_json(text)
         except PrivatePayloadError as error:
             raise ConfigError(
                 f"probe --stage: stdin is not the master's payload ({error}); fix: let the master run it"

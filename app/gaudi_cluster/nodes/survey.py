@@ -14,46 +14,32 @@ import logging
 import secrets
 import shutil
 import socket
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gaudi_cluster.env import presets
 from gaudi_cluster.errors import ClusterNotReady
-from gaudi_cluster.nodes import checks, probe, ssh, world
+from gaudi_cluster.nodes import checks, probe, srun, ssh, world
 from gaudi_cluster.nodes.devices import resolve_accelerator
 from gaudi_cluster.nodes.discovery import LOOPBACK
-from gaudi_cluster.nodes.find import FindSettings, FoundNodes, find_nodes, local_only
+from gaudi_cluster.nodes.find import FoundNodes, find_nodes, local_only
+from gaudi_cluster.nodes.srun import SrunStep
+from gaudi_cluster.nodes.survey_probe import (
+    SurveySettings,
+    check_efa,
+    check_fabric,
+    probe_nodes,
+    probe_over_srun,
+)
 from gaudi_cluster.rank import jobdir
-from gaudi_cluster.settings.config import ClusterConfig
-from gaudi_cluster.wire.node_report import Interface, NodeReport, NodeReportError, placeholder_reports
+from gaudi_cluster.wire.node_report import Interface, NodeReport, placeholder_reports
 from gaudi_cluster.wire.private_payload import PrivatePayload
 
 log = logging.getLogger("gaudi_cluster.nodes.survey")
-
-
-@dataclass(frozen=True)
-class SurveySettings:
-    """What the survey reads of the cluster's settings, and nothing else."""
-
-    find: FindSettings
-    wait_timeout: float
-    ssh_port: int
-    ssh_dir: str
-    accelerator: str
-    env_preset: str
-    socket_ifname: str | None
-    job_root: str
-    dry_run: bool
-
-    @classmethod
-    def from_config(cls, config: ClusterConfig) -> SurveySettings:
-        names = [name for name in cls.__dataclass_fields__ if name != "find"]
-        find = FindSettings(**{name: getattr(config, name) for name in FindSettings.__dataclass_fields__})
-        return cls(find=find, **{name: getattr(config, name) for name in names})
 
 
 @dataclass(frozen=True)
@@ -79,6 +65,7 @@ class NodeSurvey:
     output_dir: str | None = None  # where the job writes (each probe measured its free disk there)
     spares: tuple[str, ...] = ()  # idle nodes that answered their probe (--spares); no ranks
     spare_reports: Mapping[str, NodeReport] = field(default_factory=dict)
+    srun: SrunStep | None = None  # inside a Slurm allocation: every node is reached by srun steps
 
     @property
     def master_report(self) -> NodeReport | None:
@@ -98,6 +85,12 @@ class NodeSurvey:
             local = {LOOPBACK, "::1"} if self.local else set()
             found[host] = frozenset(own | local | set(world.addresses_of(host)))
         return found
+
+    def reached_by(self) -> str:
+        """How the master reaches the nodes: srun steps inside Slurm (nodes/srun), ssh, or not (local)."""
+        if self.srun is not None:
+            return f"by srun (Slurm job {self.srun.job_id})"
+        return "locally" if self.local else "over ssh"
 
     def node_name(self, host: str) -> str:
         """The host name a node's ranks report (its probe's), else the name the master reached it by."""
@@ -192,9 +185,9 @@ def survey_nodes(
             paths,
             config.accelerator,
             None,
-            _check_efa(config, environ),
+            check_efa(config, environ),
             output_dir,
-            _check_fabric(config),
+            check_fabric(config),
         )
         return NodeSurvey(
             job_id=job_id,
@@ -206,6 +199,10 @@ def survey_nodes(
             **common,
         )
 
+    step = srun.step_for(environ, shutil.which("srun"))
+    if step is not None:
+        log.info("inside Slurm job %d: probe, launch and clean-up through srun, no ssh", step.job_id)
+        return _survey_over_srun(config, step, nodes, paths, environ, deadline, job_id, private, common)
     silent = ssh.wait_for_sshd(nodes.hosts, config.ssh_port, deadline)
     # A spare is not waited for: one that does not answer now is dropped, never delays the job.
     silent_spares = ssh.wait_for_sshd(nodes.spares, config.ssh_port, time.monotonic()) if nodes.spares else []
@@ -259,8 +256,40 @@ def survey_nodes(
     )
 
 
-def _check_efa(config: SurveySettings, environ: Mapping[str, str]) -> bool:
-    return environ.get("HCCL_OVER_OFI") == "1" or config.env_preset == "efa"
+def _survey_over_srun(
+    config: SurveySettings,
+    step: SrunStep,
+    nodes: FoundNodes,
+    paths: Sequence[str],
+    environ: Mapping[str, str],
+    deadline: float,
+    job_id: str,
+    private: Callable[[str], PrivatePayload] | None,
+    common: Mapping[str, Any],
+) -> NodeSurvey:
+    job_dir = jobdir.create(config.job_root, job_id)
+    everyone = (*nodes.hosts, *nodes.spares)
+    output_dir = common["output_dir"]
+    reports, unreachable = probe_over_srun(
+        config, step, everyone, paths, environ, deadline, job_id, private, output_dir
+    )
+    failed = [host for host in nodes.spares if host in unreachable]
+    if failed:
+        left_out = ", ".join(f"{h} ({unreachable[h]})" for h in failed)
+        log.warning("spare(s) %s: probe failed; left out", left_out)
+    spare_reports = {host: reports.pop(host) for host in nodes.spares if host in reports}
+    return NodeSurvey(
+        job_id=job_id,
+        job_dir=job_dir,
+        ssh_config=None,
+        paths=tuple(paths),
+        reports=reports,
+        unreachable={host: why for host, why in unreachable.items() if host in nodes.hosts},
+        spares=tuple(spare_reports),
+        spare_reports=spare_reports,
+        srun=step,
+        **common,
+    )
 
 
 def _hccl_socket_ifname(
@@ -271,55 +300,3 @@ def _hccl_socket_ifname(
         return config.socket_ifname
     route = probe.route_ifname(master_addr, local_interfaces)
     return presets.hccl_socket_ifname(route, local_interfaces)
-
-
-def _check_fabric(config: SurveySettings) -> bool:
-    """Whether HPU nodes report their libfabric providers: `auto` picks efa only when it sees one."""
-    return config.accelerator in ("auto", "hpu") and config.env_preset in ("auto", "efa", "hostnic")
-
-
-def probe_nodes(
-    config: SurveySettings,
-    hosts: Sequence[str],
-    paths: Sequence[str],
-    ssh_config: Path,
-    environ: Mapping[str, str],
-    deadline: float,
-    job_id: str,
-    payload: Callable[[str], PrivatePayload] | None,
-    output_dir: str | None = None,
-) -> tuple[dict[str, NodeReport], dict[str, str]]:
-    """Run `gaudi-cluster probe` on every node at once: (reports by host, why-unreachable by host).
-
-    With a payload (a launch, not the doctor), its stdin carries the job's private payload, which it
-    stages in the job's directory there.
-    """
-    command = [sys.executable, "-m", "gaudi_cluster", "probe", "--json", "--accelerator", config.accelerator]
-    if payload is not None:
-        command += ["--stage", job_id, "--job-root", config.job_root]
-    for path in paths:
-        command += ["--path", path]
-    if output_dir:
-        command += ["--output-dir", output_dir]
-    if _check_efa(config, environ):
-        command.append("--check-efa")
-    if _check_fabric(config):
-        command.append("--check-fabric")
-    timeout = max(10.0, deadline - time.monotonic())
-    stdin = (lambda host: payload(host).to_json()) if payload is not None else None
-    results = ssh.run_on_hosts(hosts, command, ssh_config, timeout, stdin=stdin)
-    reports: dict[str, NodeReport] = {}
-    unreachable: dict[str, str] = {}
-    for host, result in results.items():
-        if not result.ok:
-            unreachable[host] = ssh.explain_ssh_failure(result, config.ssh_port)
-            continue
-        lines = result.stdout.strip().splitlines()
-        if not lines:
-            unreachable[host] = f"probe printed nothing: {result.stderr[-200:]!r}"
-            continue
-        try:
-            reports[host] = NodeReport.from_json(lines[-1])
-        except NodeReportError as error:
-            unreachable[host] = f"probe report unreadable: {error}"
-    return reports, unreachable

@@ -20,7 +20,7 @@ FANOUT_MODULE = "gaudi_cluster.launch.fanout"
 NODE_MODULE = "gaudi_cluster.launch.node"
 
 # Changes whenever a field changes meaning, so that a node running another image says so at once.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class NodeSpecError(ValueError):
@@ -124,9 +124,23 @@ class FanoutSpec:
     python: str
     ssh_config: str  # a dry run's spec names a placeholder: no ssh config is written then
     nodes: tuple[NodeEntry, ...]
+    # Inside a Slurm allocation: the srun step (argv up to the command) that starts every node's
+    # process at once, each task taking its own entry of this spec from stdin. Empty: ssh.
+    srun: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", tuple(self.nodes))
+        object.__setattr__(self, "srun", tuple(self.srun))
+
+    def entry(self, host: str) -> NodeEntry:
+        """The node entry of `host`; NodeSpecError when the launch has none."""
+        for node in self.nodes:
+            if node.host == host:
+                return node
+        raise NodeSpecError(f"launch: no node entry for {host!r:.80}")
+
+    def hosts(self) -> tuple[str, ...]:
+        return tuple(node.host for node in self.nodes)
 
     def to_dict(self) -> dict[str, Any]:
         nodes = [node.to_dict() for node in self.nodes]
@@ -135,6 +149,7 @@ class FanoutSpec:
             "python": self.python,
             "ssh_config": self.ssh_config,
             "nodes": nodes,
+            "srun": list(self.srun),
         }
 
     def to_json(self) -> str:
@@ -148,7 +163,12 @@ class FanoutSpec:
         if not isinstance(nodes, list) or not nodes:
             raise NodeSpecError(f"launch: field 'nodes' must be a non-empty list, got {nodes!r:.80}")
         entries = tuple(NodeEntry.from_dict(node) for node in nodes)
-        return cls(python=_text(fields, "python"), ssh_config=_text(fields, "ssh_config"), nodes=entries)
+        return cls(
+            python=_text(fields, "python"),
+            ssh_config=_text(fields, "ssh_config"),
+            nodes=entries,
+            srun=_texts(fields, "srun"),
+        )
 
     @classmethod
     def from_json(cls, text: str) -> FanoutSpec:

@@ -52,3 +52,37 @@ class PrivatePayload:
         if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
             raise PrivatePayloadError("private payload: field 'env' must map names to strings")
         return cls(node=node, token=token, env=env)
+
+
+@dataclass(frozen=True)
+class PayloadBundle:
+    """Every node's payload, by host, for the one srun step that stages them all (nodes/srun: each
+    task keeps its own entry and writes nothing of the others). `repr` shows the hosts only."""
+
+    payloads: Mapping[str, PrivatePayload] = field(repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "payloads", MappingProxyType(dict(self.payloads)))
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "schema": SCHEMA_VERSION,
+                "nodes": {host: json.loads(payload.to_json()) for host, payload in self.payloads.items()},
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> PayloadBundle:
+        try:
+            data = json.loads(text)
+        except (ValueError, RecursionError):
+            raise PrivatePayloadError("payload bundle: not JSON") from None  # never echo the text: secrets
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA_VERSION:
+            raise PrivatePayloadError(
+                f"payload bundle: not schema {SCHEMA_VERSION} (run one gaudi-cluster image on every node)"
+            )
+        nodes = data.get("nodes")
+        if not isinstance(nodes, dict) or not nodes:
+            raise PrivatePayloadError("payload bundle: field 'nodes' must map hosts to payloads")
+        return cls({str(host): PrivatePayload.from_json(json.dumps(one)) for host, one in nodes.items()})

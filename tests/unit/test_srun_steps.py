@@ -1,0 +1,105 @@
+"""The master's srun steps against a stand-in `srun` (no Slurm here): one step for every node, the
+labelled output read back by the node each task names, and a task that stages its own payload only."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from gaudi_cluster.nodes import srun_steps
+from gaudi_cluster.nodes.srun import SrunStep
+from gaudi_cluster.rank import jobdir
+from gaudi_cluster.wire.private_payload import PayloadBundle, PrivatePayload
+
+# Runs each task of the step one after another, in the reverse of the node list's order (Slurm's task
+# order need not be ours), with SLURMD_NODENAME set, stdin to every task (--input=all), --label, and
+# srun's own line for a failed task. FAIL_ON names a node whose task exits 3.
+FAKE_SRUN = r"""#!PYTHON
+import os, subprocess, sys
+args, opts = sys.argv[1:], {}
+while args and args[0].startswith("--"):
+    key, _, value = args.pop(0)[2:].partition("=")
+    opts[key] = value
+hosts = opts["nodelist"].split(",")
+data = sys.stdin.buffer.read() if opts.get("input") == "all" else b""
+code = 0
+for task, host in reversed(list(enumerate(hosts))):
+    env = {**os.environ, "SLURMD_NODENAME": host}
+    command = ["false"] if host == os.environ.get("FAIL_ON") else args
+    done = subprocess.run(command, input=data, capture_output=True, env=env)
+    for line in done.stdout.decode().splitlines():
+        print(f"{task}: {line}" if "label" in opts else line)
+    if done.returncode:
+        print(f"srun: error: {host}: task {task}: Exited with exit code {done.returncode}", file=sys.stderr)
+        code = done.returncode
+sys.exit(code)
+"""
+
+
+@pytest.fixture
+def step(tmp_path: Path) -> SrunStep:
+    fake = tmp_path / "srun"
+    fake.write_text(FAKE_SRUN.replace("PYTHON", sys.executable))
+    fake.chmod(0o755)
+    return SrunStep(str(fake), 42)
+
+
+def probe_command(job_root: Path, stage: bool) -> list[str]:
+    command = [
+        sys.executable,
+        "-m",
+        "gaudi_cluster",
+        "probe",
+        "--json",
+        "--accelerator",
+        "cpu",
+        "--srun-task",
+    ]
+    return command + (["--stage", "j1", "--job-root", str(job_root)] if stage else [])
+
+
+def test_one_probe_step_reports_every_node_by_the_name_its_task_gives(step, tmp_path):
+    reports, unreachable = srun_steps.probe(
+        step, ["node1", "node2"], probe_command(tmp_path, False), 60, None
+    )
+    assert sorted(reports) == ["node1", "node2"] and unreachable == {}
+    assert reports["node1"].accelerator == "cpu"
+
+
+def test_a_failed_task_is_named_with_sruns_verdict(step, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAIL_ON", "node2")
+    reports, unreachable = srun_steps.probe(
+        step, ["node1", "node2"], probe_command(tmp_path, False), 60, None
+    )
+    assert sorted(reports) == ["node1"]
+    assert unreachable == {"node2": "srun: Exited with exit code 1"}
+    failed = srun_steps.run_everywhere(step, ["node1", "node2"], ["true"], "gc-reap", 30)
+    assert failed == {"node2": "Exited with exit code 1"}
+    assert srun_steps.run_everywhere(step, [], ["true"], "gc-reap", 30) == {}
+
+
+def test_a_probe_task_stages_its_own_payload_and_nothing_of_the_others(tmp_path):
+    bundle = PayloadBundle(
+        {"node1": PrivatePayload("node1", "key-of-node1"), "node2": PrivatePayload("node2", "key-of-node2")}
+    )
+    env = {**os.environ, "SLURMD_NODENAME": "node2"}
+    done = subprocess.run(
+        probe_command(tmp_path, True),
+        check=False,
+        input=bundle.to_json(),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "gaudi-cluster-node node2"
+    private = tmp_path / "j1" / jobdir.PRIVATE_FILE
+    assert json.loads(private.read_text())["token"] == "key-of-node2"
+    assert private.stat().st_mode & 0o777 == 0o600
+    written = "".join(path.read_text() for path in tmp_path.rglob("*") if path.is_file())
+    assert "key-of-node1" not in written + done.stdout + done.stderr
