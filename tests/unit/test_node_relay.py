@@ -181,3 +181,23 @@ def test_a_silent_master_is_lost_by_the_relay_within_the_heartbeat_timeout(tmp_p
     finally:
         agent.kill()
         listener.close()
+
+
+def test_a_stop_signal_to_the_whole_node_still_carries_the_ranks_exits(cluster):
+    """scancel or docker stop signals every process of the node, the relay included: the ranks get
+    their grace, and their exits still reach the master through the relay."""
+    server, agent, job_dir = cluster
+    saving = "trap 'echo saved; exit 0' TERM; sleep 60 & wait"
+    agents = [agent(rank, saving) for rank in range(2)]
+    assert len(take(server, 2)) == 2
+    relay = relay_process(job_dir)
+    assert relay is not None
+    time.sleep(0.5)  # the ranks' traps are set
+    relay.send_signal(signal.SIGTERM)
+    for process in agents:
+        process.send_signal(signal.SIGTERM)
+    exits = take(server, 2)
+    assert sorted((e.kind, e.rank) for e in exits) == [(EventKind.EXIT, 0), (EventKind.EXIT, 1)], exits
+    assert all(e.detail["code"] == 143 for e in exits)
+    assert all(process.wait(timeout=10) == 143 for process in agents)
+    assert "saved" in agents[0].stdout.read()

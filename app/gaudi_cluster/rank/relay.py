@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import socket
 import struct
 import sys
@@ -208,6 +209,11 @@ class Relay:
     # --- main -----------------------------------------------------------------------------------
 
     def run(self, connect_timeout_s: float) -> int:
+        # A stop signal for the whole step or container (scancel, docker stop, Ctrl-C) also reaches
+        # the agents, which give their ranks the grace to save: the relay must still carry their
+        # exits, and it ends by itself once they have left.
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN)
         try:
             self.connect(connect_timeout_s)
         except ConnectionError as error:
