@@ -97,6 +97,8 @@ def plot_rows(rows: list[Row], results_dir: Path) -> list[Row]:
     png = plot([*(r for r in _earlier(results_dir) if r.key not in fresh), *rows], results_dir / PNG)
     if png is not None:
         link = f"plot of every swarm row: [{PNG}]({PNG})"
+        for row in rows:  # one link, on the largest size's row (a kept row may carry an older one)
+            row.note = row.note.replace(f"; {link}", "").replace(link, "").lstrip("; ")
         checkins = [row for row in rows if row.key.startswith("swarm.checkin_s")]
         for row in sorted(checkins, key=lambda r: r.key != "swarm.checkin_s")[:1]:  # the largest size first
             row.note = row.note if link in row.note else f"{row.note}; {link}".lstrip("; ")

@@ -173,15 +173,26 @@ def soak_rows(
     if soak.get("beat_age_p99_s") is None:
         why = soak.get("error", "no sample")
         return [failed_row(p99, "Beat age p99 over the soak", why), failed_row(losses, "False losses", why)]
-    length = f"{SOAK_S:.0f} s soak" + (
+    length = f"{soak.get('soak_s', SOAK_S):.0f} s soak" + (
         f", ended at {soak['soak_ended_at_s']:.0f} s by a LOST event" if "soak_ended_at_s" in soak else ""
     )
     big = nodes == LARGEST
-    details = {k: v for k, v in soak.items() if k not in ("at",)}
+    bare = results.get(("ours", nodes, "soak, no straggler check")) or {}
+    note = ""
+    if bare.get("beat_age_p99_s") is not None:
+        note = (f"without jobview's straggler check ({bare['soak_s']:.0f} s soak): p99 "
+                f"{bare['beat_age_p99_s']:.2f} s, max {bare['beat_age_max_s']:.2f} s, "
+                f"{bare['false_losses']} false losses; ")  # fmt: skip
+    if "soak_master_cpu_pct" in soak:
+        note += (
+            f"master {soak['soak_master_cpu_pct']:.0f} %, swarm {soak['soak_swarm_cpu_pct']:.0f} % of a core"
+        )
+    details = {"soak": soak, "soak without the straggler check": bare}
     return [
         Row(p99, f"Beat age p99: now - last_seen of every admitted rank, sampled each second ({length}, "
             f"{nodes} nodes x 8)", "s", stat([soak["beat_age_p99_s"]]),
-            target=Target("ours", "<=", 1.5, "≤ 1.5 s") if big else None, details=details),
+            target=Target("ours", "<=", 1.5, "≤ 1.5 s") if big else None,
+            note=note, details=details),
         Row(losses, f"False losses: LOST events with nobody killed ({length}, {nodes} nodes x 8; heartbeat "
             f"timeout {heartbeat_s:.0f} s)", "", stat([soak["false_losses"]]),
             target=Target("ours", "<=", 0.0, "0") if big else None),

@@ -42,12 +42,16 @@ class BeatSampler:
         self.samples = 0
         self.oldest = 0.0
         self.lost = 0
+        self.first_lost: dict[str, Any] | None = None
         self._done = threading.Event()
         put = server.events.put
 
         def counting_put(event: Any, *args: Any, **kwargs: Any) -> None:
             if getattr(event.kind, "value", None) == "lost":
                 self.lost += 1
+                if self.first_lost is None:
+                    self.first_lost = {"host": event.host, "rank": event.rank, "at": time.monotonic(),
+                                       "detail": str(getattr(event, "detail", ""))[:200]}  # fmt: skip
             put(event, *args, **kwargs)
 
         server.events.put = counting_put
@@ -87,4 +91,5 @@ class BeatSampler:
             "samples": self.samples,
             "ages": sum(self.ages.values()),
             "false_losses": self.lost,
+            "first_lost": self.first_lost,
         }
