@@ -61,7 +61,9 @@ SUITE: dict[str, tuple[Callable[[Ctx], list[Row]], float, float, bool]] = {
     "scale": (lambda ctx: scale.run(ctx, RESULTS), 150, 60, True),
     "fabric": (fabric.run, 240, 120, True),
     "report": (report_scale.run, 150, 90, False),  # the final report at 8,000 ranks: peak RSS, ours vs base
-    "swarm": (swarm.run, 480, 120, False),  # 64, 256, 1,000 nodes x 8 swarm ranks, ours and the old server
+    # 64, 256, 1,000 nodes x 8 swarm ranks, ours and the old server; the fan-out over a fake ssh, the
+    # check-in-only runs and the soak (SWARM_SOAK_S) on top
+    "swarm": (swarm.run, swarm.BUDGET_S, 120, False),
     "elastic": (elastic.run, 900, 400, True),  # a node killed -> next attempt's first step, ours vs torchrun
     "slurm": (slurm_launch.run, 420, 200, True),  # 32 Slurm test nodes: ours (srun steps) vs plain srun
 }

@@ -13,10 +13,12 @@ one node's connections after a steady window (CPU over STEADY_S), the second mak
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import queue
 import secrets
+import signal
 import subprocess
 import sys
 import threading
@@ -24,8 +26,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import swarm_fanout
 from bench.common import ROOT, Ctx, Row, log
+from bench.swarm_plot import keep_earlier, plot_rows
 from bench.swarm_rows import build
+from bench.swarm_soak import SOAK_S, BeatSampler
 
 JOB = "20261202-000000-swarm0"
 SIZES = (64, 256, 1000)
@@ -33,12 +38,20 @@ ONLY = tuple(int(n) for n in os.environ.get("SWARM_SIZES", "").split(",") if n) 
 PER_NODE = 8
 HEARTBEAT_S = 10.0  # the default --heartbeat-timeout
 STEADY_S = 20.0
+ALL_PARTS = ("fanout", "scenarios", "checkins", "soak")  # SWARM_PARTS: a rerun of some of them
+PARTS = {part for part in os.environ.get("SWARM_PARTS", ",".join(ALL_PARTS)).split(",") if part}
+CHECKINS = int(os.environ.get("SWARM_CHECKINS", "10"))  # check-in-only runs at the largest size
 CHECKIN_CAP_S = 90.0  # the old server at 8,000 ranks would need minutes: capped, and said so
+# The bench's share: the scenario runs (480 s), the fan-out (~90 s), the check-in-only runs (~25 s each
+# at 1,000 nodes) and the two soaks with their check-ins.
+SHORT_SOAK_S = min(SOAK_S, 120.0)  # the soak again without jobview's straggler check: its share of the ages
+BUDGET_S = 480 + 90 + 25 * CHECKINS + SOAK_S + SHORT_SOAK_S + 90
 VICTIM = 7  # the node reset or silenced
 DEV = ROOT / "dev"
 NEW_APP = ROOT / "app"
 OLD_APP = Path(os.environ.get("SWARM_OLD_APP", "/tmp/old-control/app"))
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 # --- the master's side (a process of its own, with the app under test first on its path) ---------
@@ -67,7 +80,7 @@ class _Console:
         return len(text)
 
 
-def master(nodes: int, cpu: int, start_timeout: float, straggler_check: bool) -> int:
+def master(nodes: int, cpu: int, start_timeout: float, straggler_check: bool, soak: bool = False) -> int:
     import logging
     import resource
 
@@ -97,13 +110,24 @@ def master(nodes: int, cpu: int, start_timeout: float, straggler_check: bool) ->
     say("port", port=server.port)
     idle = LaunchPlan(argv=(sys.executable, "-c", "import time; time.sleep(3600)"), env={}, launcher="bench")
     settings = SupervisorSettings(start_timeout_s=start_timeout, stop_grace_s=1.0)
+    sampler = BeatSampler(server) if soak else None  # the soak's beat ages and LOST events
+    if sampler is not None:  # the bench asks for the figures at the soak's end (or they come at the job's)
+        signal.signal(signal.SIGUSR1, lambda _signum, _frame: say("soak", **sampler.stop()))
+
+    def all_started() -> None:
+        say("all_started")
+        if sampler is not None:
+            sampler.start()
+
     supervisor = Supervisor(
         JOB, idle, server, plan.slots_by_host(), settings, out=_Console(),  # type: ignore[arg-type]
-        on_all_started=lambda: say("all_started"),
+        on_all_started=all_started,
     )  # fmt: skip
     if not straggler_check:  # what the rest costs once jobview's O(N^2) check is gone (another branch)
         supervisor.view.watch.check = lambda agents: []  # type: ignore[method-assign]
     outcome = supervisor.run()
+    if sampler is not None and not sampler.stopped:
+        say("soak", **sampler.stop())
     server.close()
     say("done", state=outcome.state.value)
     return 0
@@ -132,7 +156,7 @@ def _footprint(pid: int) -> dict[str, float]:
 class _Run:
     """One master and one swarm, their JSON lines merged into one queue."""
 
-    def __init__(self, app: Path, nodes: int, straggler_check: bool = True) -> None:
+    def __init__(self, app: Path, nodes: int, straggler_check: bool = True, soak: bool = False) -> None:
         # Ours speaks as the node relays do (one connection per node); the old server knows only ranks.
         env = {**os.environ, "SWARM_SECRET": secrets.token_hex(32), "PYTHONUNBUFFERED": "1"}
         self.events: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
@@ -140,7 +164,7 @@ class _Run:
         self.master = subprocess.Popen(
             [sys.executable, "-m", "bench.swarm", "master", "--nodes", str(nodes), "--cpu", "0",
              "--start-timeout", str(CHECKIN_CAP_S + 60),
-             *([] if straggler_check else ["--no-straggler-check"])],
+             *([] if straggler_check else ["--no-straggler-check"]), *(["--soak"] if soak else [])],
             stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**env, "PYTHONPATH": f"{app}:{DEV}:{ROOT}"},
         )  # fmt: skip
         self._follow("master", self.master)
@@ -148,7 +172,7 @@ class _Run:
         self.swarm = subprocess.Popen(
             [sys.executable, "-m", "gaudi_cluster_dev.swarm", "--port", str(port), "--job", JOB,
              "--nodes", str(nodes), "--per-node", str(PER_NODE), "--cpu", "1", "--steer",
-             "--deadline", "400", *(["--relays"] if app == NEW_APP else [])],
+             "--deadline", str(400 + SOAK_S * soak), *(["--relays"] if app == NEW_APP else [])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             env={**env, "PYTHONPATH": f"{NEW_APP}:{DEV}"},
         )  # fmt: skip
@@ -200,8 +224,10 @@ class _Run:
 
 
 def one_run(app: Path, nodes: int, scenario: str, straggler_check: bool = True) -> dict[str, Any]:
-    """checkin_s and the rest for one master of `app` against the swarm; scenario: reset or silence."""
-    run = _Run(app, nodes, straggler_check)
+    """checkin_s and the rest for one master of `app` against the swarm; scenario: reset or silence,
+    checkin (check-in, then the run ends) or soak (the same after SOAK_S of beats, sampled)."""
+    scenario = scenario.split(maxsplit=1)[0]  # "checkin 3": the third check-in-only run
+    run = _Run(app, nodes, straggler_check, soak=scenario == "soak")  # checkin, soak: ours only
     figures: dict[str, Any] = {}
     try:
         started = run.wait("swarm", "started", 60)["at"]
@@ -223,6 +249,23 @@ def one_run(app: Path, nodes: int, scenario: str, straggler_check: bool = True) 
                 figures["master_died_at_s"] = time.monotonic() - started
         if figures.get("checkin_capped"):
             return figures
+        if scenario == "soak":
+            master0, swarm0, wall0 = _cpu_s(run.master.pid), _cpu_s(run.swarm.pid), time.monotonic()
+            length = SOAK_S if straggler_check else SHORT_SOAK_S
+            figures["soak_s"] = length
+            with contextlib.suppress(TimeoutError):  # a LOST event ends the job, and the soak early
+                figures["soak_ended_at_s"] = run.wait("master", "done", length)["at"] - started
+            wall = time.monotonic() - wall0
+            with contextlib.suppress(OSError):  # the soak's CPU: a swarm at 100 % of its core does not count
+                figures["soak_master_cpu_pct"] = (_cpu_s(run.master.pid) - master0) / wall * 100
+                figures["soak_swarm_cpu_pct"] = (_cpu_s(run.swarm.pid) - swarm0) / wall * 100
+            if run.master.poll() is None:
+                run.master.send_signal(signal.SIGUSR1)  # the master says its soak figures
+            figures.update(
+                {k: v for k, v in run.wait("master", "soak", 10).items() if k not in ("event", "at")}
+            )
+        if scenario in ("checkin", "soak"):
+            return figures  # the ranks and the master are ended by run.end()
         run.tell(f"{scenario} {VICTIM}")
         cut = run.wait("swarm", "reset" if scenario == "reset" else "silenced", 10)["at"]
         named = run.wait("master", "named", HEARTBEAT_S + 30)
@@ -244,7 +287,7 @@ def run(ctx: Ctx) -> list[Row]:
     results: dict[tuple[str, int, str], dict[str, Any]] = {}
 
     def measure(side: str, nodes: int, scenario: str, straggler_check: bool = True) -> None:
-        if not ctx.can_start(60):
+        if not ctx.can_start(60 + (SOAK_S if straggler_check else SHORT_SOAK_S) * (scenario == "soak")):
             return
         label = scenario if straggler_check else f"{scenario} without the straggler check"
         log(f"swarm: {nodes} nodes x {PER_NODE}, {label}, {side}")
@@ -255,15 +298,27 @@ def run(ctx: Ctx) -> list[Row]:
         results[(side, nodes, scenario if straggler_check else f"{scenario}, no straggler check")] = found
         log(f"swarm: {json.dumps(found)[:400]}")
 
-    for nodes in ONLY or SIZES:
+    sizes = ONLY or SIZES
+    fanout = swarm_fanout.measure(ctx, sizes) if "fanout" in PARTS else {}
+    for nodes in sizes if "scenarios" in PARTS else ():
         for scenario in ("reset", "silence"):
             for side in apps:  # interleaved: ours, then the old server, at the same size
                 if not results.get((side, nodes, "reset"), {}).get("checkin_capped"):
                     measure(side, nodes, scenario)
-    if SIZES[-1] in (ONLY or SIZES):
+    if SIZES[-1] in sizes and "scenarios" in PARTS:
         measure("ours", SIZES[-1], "reset", straggler_check=False)
         measure("ours", SIZES[-1], "silence", straggler_check=False)
-    return build(results, ONLY or SIZES, PER_NODE, HEARTBEAT_S, CHECKIN_CAP_S)
+    for i in range(CHECKINS if "checkins" in PARTS else 0):  # handshake failures over many runs
+        measure("ours", sizes[-1], f"checkin {i + 1}")
+    if "soak" in PARTS:
+        measure("ours", sizes[-1], "soak")
+        if SIZES[-1] in sizes:
+            measure("ours", SIZES[-1], "soak", straggler_check=False)
+    rows = build(results, sizes, PER_NODE, HEARTBEAT_S, CHECKIN_CAP_S, swarm_fanout.held_per_node(fanout))
+    rows += swarm_fanout.rows(fanout)
+    if ONLY or set(ALL_PARTS) != PARTS:
+        rows = keep_earlier(rows, RESULTS)
+    return rows + plot_rows(rows, RESULTS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -274,8 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     side.add_argument("--cpu", type=int, default=0)
     side.add_argument("--start-timeout", type=float, default=120.0)
     side.add_argument("--no-straggler-check", action="store_true")
+    side.add_argument("--soak", action="store_true", help="sample beat ages and count LOST events")
     args = parser.parse_args(argv)
-    return master(args.nodes, args.cpu, args.start_timeout, not args.no_straggler_check)
+    return master(args.nodes, args.cpu, args.start_timeout, not args.no_straggler_check, args.soak)
 
 
 if __name__ == "__main__":

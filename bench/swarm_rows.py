@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from bench import ssh_rss
 from bench.common import Row, Target, failed_row, stat
+from bench.swarm_soak import SOAK_S
 
 _DETAILS = ("swarm_cpu_pct", "named_line", "error", "welcomed", "checkin_capped", "master_cpu_pct",
             "reset_named_s", "silence_named_s", "stop_all_s", "first_stop_s", "master_died_at_s")  # fmt: skip
@@ -46,6 +48,11 @@ def _values(
     results: dict[tuple[str, int, str], dict[str, Any]], side: str, nodes: int, name: str
 ) -> list[float]:
     source = "silence_named_s" if name == "silent_named_s" else name
+    checkins = _checkins(results, side, nodes)
+    if name == "handshake_failures" and checkins:  # the total over the check-in-only runs
+        return [float(sum(f.get(name) or 0 for f in checkins))]
+    if name == "checkin_s" and checkins:  # the check-in-only runs, many more than the others
+        return [float(f[name]) for f in checkins if f.get(name) is not None]
     values = []
     for scenario in ("reset", "silence"):
         value = results.get((side, nodes, scenario), {}).get(source)
@@ -54,14 +61,39 @@ def _values(
     return values
 
 
+def _checkins(results: dict[tuple[str, int, str], dict[str, Any]], side: str, nodes: int) -> list[dict]:
+    return [
+        f for (s, n, scenario), f in results.items()
+        if (s, n) == (side, nodes) and scenario.startswith("checkin ") and "error" not in f
+    ]  # fmt: skip
+
+
+def count_ssh_clients(
+    results: dict[tuple[str, int, str], dict[str, Any]], held_per_node: dict[int, float], client_mb: float
+) -> None:
+    """Ours: add the ssh processes the master holds (held_per_node, from the fan-out bench: a control
+    master per node) at the RSS of a real OpenSSH client; the process's own figure stays beside."""
+    for (side, nodes, _), figures in results.items():
+        if side == "ours" and "master_rss_mb" in figures and nodes in held_per_node:
+            held = held_per_node[nodes] * nodes
+            figures["master_own_rss_mb"] = figures["master_rss_mb"]
+            figures["ssh_clients_counted"] = held
+            figures["master_rss_mb"] += held * client_mb
+
+
 def build(
     results: dict[tuple[str, int, str], dict[str, Any]],
     sizes: Sequence[int],
     per_node: int,
     heartbeat_s: float,
     checkin_cap_s: float,
+    held_per_node: dict[int, float] | None = None,
 ) -> list[Row]:
-    rows = []
+    client = ssh_rss.load()
+    client_mb = client["control_master"]["rss_mb"] if client else None
+    if client_mb is not None and held_per_node:
+        count_ssh_clients(results, held_per_node, client_mb)
+    rows = [] if client is None else [ssh_client_row(client)]
     for nodes in sizes:
         runs = {
             f"{side} {scenario}": figures for (side, n, scenario), figures in results.items() if n == nodes
@@ -70,7 +102,7 @@ def build(
             label: {k: v for k, v in figures.items() if k in _DETAILS} for label, figures in runs.items()
         }
         for name, figure, unit, target in _figures(per_node, heartbeat_s, nodes):
-            key = f"swarm.{name}" if nodes == LARGEST else f"swarm.{name}.n{nodes}"
+            key = _key(name, nodes)
             cap = checkin_cap_s if name == "checkin_s" else None
             ours, theirs = _values(results, "ours", nodes, name), _values(results, "theirs", nodes, name)
             if not ours:
@@ -84,6 +116,93 @@ def build(
                     key, figure, unit, stat(ours, cap), stat(theirs, cap) if theirs else None,
                     OLD_LABEL if theirs else "", target if nodes == LARGEST else None,
                     details=details if name == "checkin_s" else {},
+                    note=_note(name, results, nodes, client_mb),
                 )
             )  # fmt: skip
+        rows += _checkin_max(results, nodes) + soak_rows(results, nodes, heartbeat_s)
     return rows
+
+
+def _key(name: str, nodes: int) -> str:
+    return f"swarm.{name}" if nodes == LARGEST else f"swarm.{name}.n{nodes}"
+
+
+def _note(
+    name: str, results: dict[tuple[str, int, str], dict[str, Any]], nodes: int, client_mb: float | None
+) -> str:
+    if name == "master_rss_mb":
+        held = {f.get("ssh_clients_counted") for (s, n, _), f in results.items() if (s, n) == ("ours", nodes)}
+        held.discard(None)
+        if client_mb is None or not held:
+            return "ours: the process and its children only (no ssh client figure: python -m bench.ssh_rss)"
+        own = [f["master_own_rss_mb"] for (s, n, _), f in results.items()
+               if (s, n) == ("ours", nodes) and "master_own_rss_mb" in f]  # fmt: skip
+        client = ssh_rss.load() or {}
+        private = client.get("control_master", {}).get("private_mb")
+        by_private = (
+            f"; counted at a client's private memory ({private:.2f} MB, the rest is shared libraries): "
+            f"{max(own) + max(held) * private:.0f} MB"
+            if private and own
+            else ""
+        )
+        return (
+            f"ours: process + children + {max(held):.0f} held control masters x {client_mb:.2f} MB RSS "
+            f"(a real OpenSSH client, swarm.ssh_client_rss_mb){by_private}; the old server: its process alone"
+        )
+    if name in ("checkin_s", "handshake_failures") and _checkins(results, "ours", nodes):
+        runs = len(_checkins(results, "ours", nodes))
+        return f"ours: {runs} check-in-only runs" + (" (total)" if name == "handshake_failures" else "")
+    return ""
+
+
+def _checkin_max(results: dict[tuple[str, int, str], dict[str, Any]], nodes: int) -> list[Row]:
+    values = [float(f["checkin_s"]) for f in _checkins(results, "ours", nodes) if "checkin_s" in f]
+    if not values:
+        return []
+    figure = f"Check-in, the slowest of {len(values)} check-in-only runs ({nodes} nodes x 8 ranks)"
+    return [Row(_key("checkin_max_s", nodes), figure, "s", stat([max(values)]))]
+
+
+def soak_rows(
+    results: dict[tuple[str, int, str], dict[str, Any]], nodes: int, heartbeat_s: float
+) -> list[Row]:
+    soak = results.get(("ours", nodes, "soak"))
+    if soak is None:
+        return []
+    p99, losses = _key("beat_age_p99_s", nodes), _key("false_losses", nodes)
+    if soak.get("beat_age_p99_s") is None:
+        why = soak.get("error", "no sample")
+        return [failed_row(p99, "Beat age p99 over the soak", why), failed_row(losses, "False losses", why)]
+    length = f"{soak.get('soak_s', SOAK_S):.0f} s soak" + (
+        f", ended at {soak['soak_ended_at_s']:.0f} s by a LOST event" if "soak_ended_at_s" in soak else ""
+    )
+    big = nodes == LARGEST
+    bare = results.get(("ours", nodes, "soak, no straggler check")) or {}
+    note = ""
+    if bare.get("beat_age_p99_s") is not None:
+        note = (f"without jobview's straggler check ({bare['soak_s']:.0f} s soak): p99 "
+                f"{bare['beat_age_p99_s']:.2f} s, max {bare['beat_age_max_s']:.2f} s, "
+                f"{bare['false_losses']} false losses; ")  # fmt: skip
+    if "soak_master_cpu_pct" in soak:
+        note += (
+            f"master {soak['soak_master_cpu_pct']:.0f} %, swarm {soak['soak_swarm_cpu_pct']:.0f} % of a core"
+        )
+    details = {"soak": soak, "soak without the straggler check": bare}
+    return [
+        Row(p99, f"Beat age p99: now - last_seen of every admitted rank, sampled each second ({length}, "
+            f"{nodes} nodes x 8)", "s", stat([soak["beat_age_p99_s"]]),
+            target=Target("ours", "<=", 1.5, "≤ 1.5 s") if big else None,
+            note=note, details=details),
+        Row(losses, f"False losses: LOST events with nobody killed ({length}, {nodes} nodes x 8; heartbeat "
+            f"timeout {heartbeat_s:.0f} s)", "", stat([soak["false_losses"]]),
+            target=Target("ours", "<=", 0.0, "0") if big else None),
+    ]  # fmt: skip
+
+
+def ssh_client_row(client: dict[str, Any]) -> Row:
+    figure = (
+        f"One real OpenSSH client's RSS: a control master (open_connections' options) against an sshd "
+        f"container of {client['image']} ({client['version'].split(',')[0]})"
+    )
+    return Row("swarm.ssh_client_rss_mb", figure, "MB", stat([client["control_master"]["rss_mb"]]),
+               note=f"measured {client['measured']} by python -m bench.ssh_rss", details=client)  # fmt: skip
