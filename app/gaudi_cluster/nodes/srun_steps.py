@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 from gaudi_cluster.nodes import parallel, srun
 from gaudi_cluster.nodes.srun import SrunStep
-from gaudi_cluster.wire.node_report import NodeReport, NodeReportError
+from gaudi_cluster.wire.node_report import NodeReport, report_from_last_line
 
 log = logging.getLogger("gaudi_cluster.nodes.srun")
 
@@ -41,10 +41,11 @@ def probe(
         if not lines:
             unreachable[host] = _why(host, done, errors)
             continue
-        try:
-            reports[host] = NodeReport.from_json(lines[-1])
-        except NodeReportError as error:
-            unreachable[host] = f"probe report unreadable: {error}"
+        report = report_from_last_line(lines)
+        if isinstance(report, NodeReport):
+            reports[host] = report
+        else:
+            unreachable[host] = report
     return reports, unreachable
 
 

@@ -13,7 +13,7 @@ from gaudi_cluster.nodes import srun_steps, ssh
 from gaudi_cluster.nodes.find import FindSettings
 from gaudi_cluster.nodes.srun import SrunStep
 from gaudi_cluster.settings.config import ClusterConfig
-from gaudi_cluster.wire.node_report import NodeReport, NodeReportError
+from gaudi_cluster.wire.node_report import NodeReport, report_from_last_line
 from gaudi_cluster.wire.private_payload import PayloadBundle, PrivatePayload
 
 
@@ -98,10 +98,11 @@ def probe_nodes(
         if not lines:
             unreachable[host] = f"probe printed nothing: {result.stderr[-200:]!r}"
             continue
-        try:
-            reports[host] = NodeReport.from_json(lines[-1])
-        except NodeReportError as error:
-            unreachable[host] = f"probe report unreadable: {error}"
+        report = report_from_last_line(lines)
+        if isinstance(report, NodeReport):
+            reports[host] = report
+        else:
+            unreachable[host] = report
     return reports, unreachable
 
 

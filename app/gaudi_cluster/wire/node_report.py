@@ -180,3 +180,11 @@ def _interface(item: object) -> Interface:
     return Interface(
         name=_str(item, "name"), addresses=tuple(_strings(item, "addresses")), driver=_opt_str(item, "driver")
     )
+
+
+def report_from_last_line(lines: list[str]) -> NodeReport | str:
+    """A probe's report, the last line it printed (over ssh or srun); or why it cannot be read."""
+    try:
+        return NodeReport.from_json(lines[-1])
+    except NodeReportError as error:
+        return f"probe report unreadable: {error}"
