@@ -4,7 +4,9 @@
 #   entrypoint.sh                   role from GAUDI_CLUSTER_ROLE (default: worker)
 #   entrypoint.sh worker            host keys, authorized_keys, then sshd in the foreground
 #   entrypoint.sh master [JOB...]   same + the client key, sshd in the background (it ends with the
-#                                   master), then `gaudi-cluster master JOB...` (the control plane)
+#                                   master), then `gaudi-cluster master JOB...` (the control plane);
+#                                   the MPI Operator's launcher, absent from the operator's hostfile
+#                                   (it runs no ranks), starts no sshd
 #   entrypoint.sh auto [JOB...]     the role an engine gives this node: the MPI Operator's launcher
 #                                   (K_MPI_JOB_ROLE), index 0 of an Indexed Job (JOB_COMPLETION_INDEX)
 #                                   or node 0 of a Slurm step (SLURM_NODEID) is the master, any other
@@ -282,9 +284,33 @@ ep_run_srun_master() {
 	exec gaudi-cluster master "$@"
 }
 
+# ep_master_runs_no_ranks: true for the MPI Operator's launcher when the operator's hostfile does not
+# list this pod (the default: the launcher requests no Gaudi). Such a master needs no sshd, and none
+# runs: every worker holds the operator's id_rsa, which the launcher's authorized_keys would admit.
+ep_master_runs_no_ranks() {
+	local hostfile="${OMPI_MCA_orte_default_hostfile:-/etc/mpi/hostfile}" me name _
+	[[ "${K_MPI_JOB_ROLE:-}" == launcher && -r "$hostfile" ]] || return 1
+	me="$(hostname)"
+	while read -r name _; do
+		[[ -n "$name" && "$name" != \#* ]] || continue
+		[[ "${name%%.*}" != "${me%%.*}" ]] || return 1
+	done <"$hostfile"
+	return 0
+}
+
 ep_run_master() {
 	local port sshd_pid
 	port="$(ep_ssh_port)"
+	if ep_master_runs_no_ranks; then
+		ep_validate_keys master
+		ep_install_keys
+		rm -f "$EP_ROOT_SSH/authorized_keys"
+		ep_host_keys
+		ep_ssh_runtime_config "$port"
+		mkdir -p /run/gaudi-cluster/jobs
+		ep_note "master: no sshd (the MPI Operator's launcher runs no ranks: not in its hostfile); starting gaudi-cluster master"
+		exec gaudi-cluster master "$@"
+	fi
 	ep_prepare master "$port"
 	# sshd as a child that ends with the master (setpriv --pdeathsig; the exec below keeps the parent):
 	# where the node outlives the job (a Slurm node, a pyxis container sharing the host's network),

@@ -45,10 +45,10 @@ from gaudi_cluster.settings.config import ClusterConfig
 from gaudi_cluster.supervise import lifetime
 from gaudi_cluster.supervise.console import RANKS_DIR, RankLogs
 from gaudi_cluster.supervise.control import ControlServer
+from gaudi_cluster.supervise.metrics_serving import MetricsServer
 from gaudi_cluster.supervise.outcome import JobOutcome, should_restart
 from gaudi_cluster.supervise.supervisor import Supervisor, SupervisorPhase, SupervisorSettings
 from gaudi_cluster.view import report, report_plot
-from gaudi_cluster.view.metrics import MetricsServer
 from gaudi_cluster.view.status import StatusServer
 
 log = logging.getLogger("gaudi_cluster.master")

@@ -231,6 +231,18 @@ def test_mpijob_launcher_trains_on_late_workers_with_the_operators_keys(pods, tm
     # owner-only (the mount itself stays 0644 and read-only).
     installed = docker("exec", launcher, "stat", "-c", "%a %n", "/root/.ssh/id_rsa", check=False).stdout
     assert installed.split() == ["600", "/root/.ssh/id_rsa"]
+    # It runs no ranks (not in the operator's hostfile), so no sshd: nothing listens on the ssh port and
+    # no authorized_keys would admit the operator's id_rsa, which every worker holds.
+    processes = docker("exec", launcher, "sh", "-c", "cat /proc/[0-9]*/comm", check=False).stdout.split()
+    assert "sshd" not in processes, processes
+    tables = docker("exec", launcher, "cat", "/proc/net/tcp", "/proc/net/tcp6", check=False).stdout
+    ssh_port = int(container_env(launcher_container, settings).get("GAUDI_CLUSTER_SSH_PORT", "3022"))
+    rows = [line.split() for line in tables.splitlines()]
+    listening = {int(row[1].rsplit(":", 1)[1], 16) for row in rows if row[3:4] == ["0A"]}
+    assert ssh_port not in listening, listening
+    assert "no sshd" in pods.logs(launcher)
+    gone = docker("exec", launcher, "test", "-e", "/root/.ssh/authorized_keys", check=False)
+    assert gone.returncode != 0
     for name in worker_names:
         pods.run(
             name,

@@ -99,16 +99,31 @@ def test_no_container_can_gain_privileges(rendered, variant):
 # --- the network policy ----------------------------------------------------------------------------
 
 
+def policies(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [doc for doc in docs if doc["kind"] == "NetworkPolicy"]
+
+
+def main_policy(rendered, variant: str) -> dict[str, Any]:
+    """The policy named after the job (every pod of it); the MPIJob's `-ssh` one is the workers' sshd."""
+    (policy,) = [
+        p for p in policies(rendered[variant]) if p["metadata"]["name"] == job_name(rendered, variant)
+    ]
+    return policy
+
+
+MONITORING = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_only_the_jobs_own_pods_reach_its_ports(rendered, variant):
-    policy = only(rendered[variant], "NetworkPolicy")
+    policy = main_policy(rendered, variant)
     own = {JOB_LABEL[variant]: job_name(rendered, variant)}
     spec = policy["spec"]
     assert spec["podSelector"] == {"matchLabels": own}
     assert spec["policyTypes"] == ["Ingress"]
     config = resolve_config({}, only(rendered[variant], "ConfigMap")["data"])
     # The job's own pods (this namespace, this label: no namespaceSelector, no ipBlock) reach its ports;
-    # anyone else at most the metrics port, when the settings turn it on (Prometheus scrapes it).
+    # the monitoring namespace, and no other, at most the metrics port when the settings turn it on.
     own_rules = [r for r in spec["ingress"] if r["from"] == [{"podSelector": {"matchLabels": own}}]]
     others = [r for r in spec["ingress"] if r not in own_rules]
     assert len(own_rules) == 1, spec["ingress"]
@@ -116,11 +131,12 @@ def test_only_the_jobs_own_pods_reach_its_ports(rendered, variant):
     if config.metrics_port is None:
         assert others == []
     else:
-        assert others == [
-            {"from": [{"namespaceSelector": {}}], "ports": [{"protocol": "TCP", "port": config.metrics_port}]}
-        ]
+        assert others == [{"from": [MONITORING], "ports": [{"protocol": "TCP", "port": config.metrics_port}]}]
+    assert {"namespaceSelector": {}} not in [peer for r in spec["ingress"] for peer in r["from"]]
     singles = {p["port"] for p in rule["ports"] if "endPort" not in p}
-    assert singles == {config.ssh_port, config.control_port, config.master_port}
+    # The MPIJob's launcher runs no sshd: 3022 is in the workers' own policy, not in this one.
+    ssh = {config.ssh_port} if variant == INDEXED_JOB else set()
+    assert singles == {*ssh, config.control_port, config.master_port}
     (span,) = [(p["port"], p["endPort"]) for p in rule["ports"] if "endPort" in p]
     assert all(p["protocol"] == "TCP" for p in rule["ports"])
     # The collectives listen on ephemeral ports: the policy's range is the one every pod pins.
@@ -130,12 +146,35 @@ def test_only_the_jobs_own_pods_reach_its_ports(rendered, variant):
     assert not singles & set(range(span[0], span[1] + 1)), "a fixed port inside the ephemeral range"
 
 
+def test_no_policy_admits_ssh_to_the_mpijob_launcher(rendered):
+    """Every worker holds the operator's id_rsa: 3022 reaches the workers (job-role worker) only."""
+    config = resolve_config({}, only(rendered[MPIJOB], "ConfigMap")["data"])
+    name = job_name(rendered, MPIJOB)
+    launcher_labels = {JOB_LABEL[MPIJOB]: name, "training.kubeflow.org/job-role": "launcher"}
+    worker_labels = {**launcher_labels, "training.kubeflow.org/job-role": "worker"}
+
+    def admitted(labels: dict[str, str]) -> set[int]:
+        ports: set[int] = set()
+        for policy in policies(rendered[MPIJOB]):
+            selector = policy["spec"]["podSelector"]["matchLabels"]
+            if all(labels.get(k) == v for k, v in selector.items()):
+                ports |= {
+                    p["port"] for r in policy["spec"]["ingress"] for p in r["ports"] if "endPort" not in p
+                }
+        return ports
+
+    assert config.ssh_port not in admitted(launcher_labels)
+    assert config.ssh_port in admitted(worker_labels)
+    assert config.control_port in admitted(launcher_labels)
+
+
 def test_the_policy_selects_pods_the_controllers_label(rendered):
     # The Indexed Job's Service selects by the same label the policy does.
     job, service = indexed(rendered)
     assert service["spec"]["selector"] == {JOB_LABEL[INDEXED_JOB]: job["metadata"]["name"]}
     assert only(rendered[INDEXED_JOB], "NetworkPolicy")["metadata"]["name"] == job["metadata"]["name"]
-    assert only(rendered[MPIJOB], "NetworkPolicy")["metadata"]["name"] == mpijob(rendered)["metadata"]["name"]
+    names = {p["metadata"]["name"] for p in policies(rendered[MPIJOB])}
+    assert names == {mpijob(rendered)["metadata"]["name"], mpijob(rendered)["metadata"]["name"] + "-ssh"}
 
 
 # --- keys: Indexed Job -----------------------------------------------------------------------------
@@ -257,14 +296,18 @@ def test_mpijob_copies_follow_a_rename(tmp_path):
     path.write_text(yaml.safe_dump(doc), encoding="utf-8")
 
     docs = kustomize(copy / MPIJOB)
-    job, policy = only(docs, "MPIJob"), only(docs, "NetworkPolicy")
+    job = only(docs, "MPIJob")
     for role in ("Launcher", "Worker"):
         pod = job["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]
         assert "llm-ssh-run-ssh" in projected_items(pod), role
     own = {"matchLabels": {JOB_LABEL[MPIJOB]: "llm-ssh-run"}}
-    assert policy["metadata"]["name"] == "llm-ssh-run"
-    assert policy["spec"]["podSelector"] == own
-    assert policy["spec"]["ingress"][0]["from"] == [{"podSelector": own}]
+    by_name = {p["metadata"]["name"]: p for p in policies(docs)}
+    assert set(by_name) == {"llm-ssh-run", "llm-ssh-run-ssh"}
+    assert by_name["llm-ssh-run"]["spec"]["podSelector"] == own
+    workers = {"matchLabels": {**own["matchLabels"], "training.kubeflow.org/job-role": "worker"}}
+    assert by_name["llm-ssh-run-ssh"]["spec"]["podSelector"] == workers
+    for policy in by_name.values():
+        assert policy["spec"]["ingress"][0]["from"] == [{"podSelector": own}]
 
 
 # --- docs ------------------------------------------------------------------------------------------

@@ -89,7 +89,7 @@ def validate_strict(doc: dict[str, Any], version: str) -> None:
 @pytest.mark.parametrize(
     ("variant", "kinds"),
     [
-        (MPIJOB, ["ConfigMap", "MPIJob", "NetworkPolicy"]),
+        (MPIJOB, ["ConfigMap", "MPIJob", "NetworkPolicy", "NetworkPolicy"]),  # the -ssh one: workers only
         (INDEXED_JOB, ["ConfigMap", "Job", "NetworkPolicy", "Service"]),
     ],
 )

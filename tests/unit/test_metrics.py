@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import socket
 import threading
+import time
+import urllib.error
 import urllib.request
 
 import pytest
 from gaudi_cluster.errors import ConfigError
 from gaudi_cluster.settings.config import resolve_config
+from gaudi_cluster.supervise import metrics_serving
+from gaudi_cluster.supervise.metrics_serving import MetricsServer
 from gaudi_cluster.supervise.supervisor import SupervisorPhase
 from gaudi_cluster.view.figures import job_figures
 from gaudi_cluster.view.jobview import AgentState, RateMeter, Straggler
-from gaudi_cluster.view.metrics import NAMES, MetricsServer
+from gaudi_cluster.view.metrics import NAMES
 from prometheus_client.parser import text_string_to_metric_families
 
 STATES = [phase.value for phase in SupervisorPhase]
@@ -112,3 +117,57 @@ def test_a_port_in_use_is_one_line_naming_another():
         assert f"fix: --metrics-port {first.port + 1}" in str(caught.value)
     finally:
         first.close()
+
+
+def test_idle_half_sent_requests_hold_no_thread_and_a_scrape_still_answers(monkeypatch):
+    """50 peers that send half a request and wait: no thread per connection (prometheus_client's server
+    held 50), at most MAX_CONNECTIONS held, a real scrape answers at once (the oldest idle one makes
+    room), and the rest are cut at their deadline."""
+    monkeypatch.setattr(metrics_serving, "REQUEST_TIMEOUT_S", 1.5)
+    before = set(threading.enumerate())
+    server = MetricsServer("127.0.0.1", 0, STATES)
+    server.follow(lambda: figures(10))
+    idle = []
+    try:
+        for _ in range(50):
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # never the empty line that ends it
+            idle.append(sock)
+        deadline = time.monotonic() + 5
+        while server.connections < metrics_serving.MAX_CONNECTIONS and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.connections == metrics_serving.MAX_CONNECTIONS  # the older ones made room
+        assert len([t for t in threading.enumerate() if t not in before]) == 1  # the one loop
+        started = time.monotonic()
+        assert value(scrape(server.port)["gaudi_cluster_step"], "gaudi_cluster_step") == 10
+        assert time.monotonic() - started < 1.5  # not after the idle ones' deadline
+        assert all(sock.recv(1) == b"" for sock in idle)  # every idle one cut: made room or timed out
+        assert server.connections == 0
+        assert len([t for t in threading.enumerate() if t not in before]) == 1
+    finally:
+        for sock in idle:
+            sock.close()
+        server.close()
+    assert not [t for t in threading.enumerate() if t not in before and t.is_alive()]
+
+
+def test_a_scrape_among_idle_peers_answers_and_odd_requests_get_a_status():
+    server = MetricsServer("127.0.0.1", 0, STATES)
+    server.follow(lambda: figures(10))
+    idle = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(5)]
+    try:
+        for sock in idle:
+            sock.sendall(b"GET /metr")
+        assert value(scrape(server.port)["gaudi_cluster_step"], "gaudi_cluster_step") == 10
+        for path, status in (("/nothing", 404),):
+            with pytest.raises(urllib.error.HTTPError) as caught:
+                urllib.request.urlopen(f"http://127.0.0.1:{server.port}{path}", timeout=5)
+            assert caught.value.code == status
+        post = urllib.request.Request(f"http://127.0.0.1:{server.port}/metrics", data=b"x", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(post, timeout=5)
+        assert caught.value.code == 405
+    finally:
+        for sock in idle:
+            sock.close()
+        server.close()

@@ -1,8 +1,8 @@
 """The job's figures for Prometheus: `--metrics-port` serves them from the running master at /metrics.
 
 Built on prometheus_client: one collector turns a JobFigures (view/figures) into metric families at
-scrape time, so nothing runs and nothing is kept per rank between scrapes, and the HTTP server is
-prometheus_client's own (one thread, plus one per scrape while it is answered). Names follow the
+scrape time, so nothing runs and nothing is kept per rank between scrapes; the HTTP server is
+supervise/metrics_serving (one selector thread, connections bounded). Names follow the
 Prometheus conventions: the `gaudi_cluster_` prefix, base units in the name (`_seconds`), `_total`
 for counters, a state set for the job's state. Labels come from bounded sets only (host and rank,
 which the job fixes at launch; the state names), never from values such as steps or messages.
@@ -12,12 +12,9 @@ serves the final figures until the master exits.
 
 from __future__ import annotations
 
-import contextlib
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from gaudi_cluster.errors import ConfigError
 from gaudi_cluster.view.figures import JobFigures
 
 PREFIX = "gaudi_cluster"
@@ -115,40 +112,3 @@ class JobCollector:
             age.add_metric(key, rank.heartbeat_age_s)
             straggler.add_metric(key, 1.0 if rank.straggler else 0.0)
         yield from (step, work, age, straggler)
-
-
-class MetricsServer:
-    """prometheus_client's HTTP server on addr:port, serving one JobCollector; `follow` points it at the
-    current attempt."""
-
-    def __init__(self, addr: str, port: int, states: Sequence[str]) -> None:
-        try:
-            from prometheus_client import CollectorRegistry, start_http_server
-        except ImportError:
-            raise ConfigError(
-                "--metrics-port needs the prometheus_client package, which this Python lacks; "
-                "fix: pip install prometheus-client (the cpu image has it)"
-            ) from None
-        self._source: Callable[[], JobFigures | None] = lambda: None
-        self.registry = CollectorRegistry(auto_describe=False)
-        # Through the attribute at each scrape: follow() replaces the source per attempt.
-        self.registry.register(JobCollector(lambda: self._source(), states))  # noqa: PLW0108
-        try:
-            self._server, self._thread = start_http_server(port, addr, registry=self.registry)
-        except OSError as error:
-            raise ConfigError(
-                f"cannot serve metrics on {addr}:{port} ({error.strerror}); "
-                f"fix: --metrics-port {port + 1 if port < 65535 else 9400} (a free port)"
-            ) from None
-        self.port = self._server.server_address[1]
-
-    def follow(self, source: Callable[[], JobFigures | None]) -> None:
-        self._source = source
-
-    def close(self) -> None:
-        """Stop serving and wait for the server's thread: none of ours outlives the master's run."""
-        with contextlib.suppress(OSError):
-            self._server.shutdown()
-            self._server.server_close()
-        if isinstance(self._thread, threading.Thread):
-            self._thread.join(timeout=5)
