@@ -6,6 +6,18 @@ Exit codes: 0 ok, 1 job failure, 2 bad input, 3 cluster not ready, 128+N stopped
 
 from __future__ import annotations
 
+# How much of a value a message repeats: enough to recognise it, never a screenful.
+SHOWN_CHARACTERS = 80
+
+
+def quoted(value: object, limit: int = SHOWN_CHARACTERS) -> str:
+    """A user's value as an error repeats it: quoted, control characters and terminal escapes written
+    as escapes (repr's), and a long one cut with its length, so a message stays one readable line."""
+    text = str(value)
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text)} characters)"
+
 
 class GaudiClusterError(Exception):
     """Base class: the message is one line that names the culprit and the fix."""

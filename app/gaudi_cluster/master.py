@@ -65,8 +65,8 @@ def run_master(
     raise_open_file_limit()
     config = engine.engine_defaults(config, environ)
     log.info("%s", config.describe())
-    if config.exclude and options is None:  # gaudi_spawn.py brings its own --exclude in `options`
-        options = plan.LaunchOptions(exclude=config.exclude)
+    if (config.include or config.exclude) and options is None:  # gaudi_spawn.py brings its own
+        options = plan.LaunchOptions(include=config.include, exclude=config.exclude)
     program = program_from_args(
         job_argv, sys.executable, resolve_accelerator(config.accelerator, environ), environ, os.getcwd()
     )

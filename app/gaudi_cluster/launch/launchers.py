@@ -237,6 +237,17 @@ def _runner_args(inputs: PlanInputs) -> list[str]:
     return [*inputs.runner_args, *launcher_args]
 
 
+def _check_first_slots(inputs: PlanInputs, name: str) -> None:
+    """mpirun and torchrun give a node's ranks devices 0..N-1: a selection of other slots cannot hold."""
+    for host, ids in inputs.device_ids.items():
+        if ids != tuple(range(len(ids))):
+            raise ConfigError(
+                f"--launcher {name} runs a node's ranks on its first slots, but --include/--exclude "
+                f"select slots {','.join(map(str, ids))} of {host}; fix: --launcher direct (or select "
+                "whole nodes)"
+            )
+
+
 class MpirunLauncher:
     name = "mpirun"
 
@@ -244,6 +255,7 @@ class MpirunLauncher:
         return (MPIRUN, OPENMPI)  # a local run too: mpirun starts the ranks here
 
     def plan(self, inputs: PlanInputs) -> LaunchPlan:
+        _check_first_slots(inputs, self.name)
         return mpirun_plan(
             hostfile=inputs.hostfile,
             master_addr=inputs.master_addr,
@@ -271,6 +283,7 @@ class TorchrunLauncher:
         return (_python(inputs), TORCH)
 
     def plan(self, inputs: PlanInputs) -> LaunchPlan:
+        _check_first_slots(inputs, self.name)
         if len(inputs.hostfile.entries) > 1:
             raise ConfigError(
                 "--launcher torchrun runs one node only; fix: use --launcher deepspeed or mpirun"
@@ -308,7 +321,7 @@ class DirectLauncher:
                 node_rank=index,
                 nnodes=len(inputs.hostfile.entries),
                 first_rank=first,
-                slots=tuple(range(entry.slots)),
+                slots=inputs.device_ids.get(entry.host, tuple(range(entry.slots))),
                 world_size=inputs.hostfile.world_size,
                 master_addr=inputs.master_addr,
                 master_port=inputs.master_port,
@@ -324,7 +337,7 @@ class DirectLauncher:
     def plan(self, inputs: PlanInputs) -> LaunchPlan:
         if inputs.runner_args or inputs.launcher_args:
             raise ConfigError(
-                "DeepSpeed runner flags (--include, --exclude, --launcher_args, --bind_cores_to_rank) need "
+                "DeepSpeed runner flags (--launcher_args, --bind_cores_to_rank, --bind_core_list) need "
                 "DeepSpeed's launcher; fix: --launcher deepspeed"
             )
         # A dry run writes no ssh config: the spec shows where it would be.

@@ -173,11 +173,13 @@ class LaunchOptions:
     local_rank_arg: bool = False  # the script gets --local_rank=N (DeepSpeed's default)
     mpi_binding: MpiBinding | None = None  # --use_mpi: optimum-habana's core binding for mpirun
 
-    def runner_args(self) -> tuple[str, ...]:
+    def runner_args(self, with_selection: bool = True) -> tuple[str, ...]:
+        """The flags for DeepSpeed's runner; with_selection=False leaves out --include/--exclude, which
+        every other launcher applies itself (PlanInputs.device_ids)."""
         args: list[str] = []
-        if self.include:
+        if self.include and with_selection:
             args += ["--include", self.include]
-        if self.exclude:
+        if self.exclude and with_selection:
             args += ["--exclude", self.exclude]
         if self.bind_cores_to_rank:
             args.append("--bind_cores_to_rank")
@@ -216,3 +218,6 @@ class PlanInputs:
     mpi_tree_spawn: bool = False
     # Inside a Slurm allocation (nodes/srun): the srun step that starts every node's process; empty: ssh.
     srun: tuple[str, ...] = ()
+    # --include/--exclude applied for a launcher other than DeepSpeed's: the device ids each host of
+    # `hostfile` (then already narrowed to the selected hosts) runs its ranks on; empty: 0..slots-1.
+    device_ids: Mapping[str, tuple[int, ...]] = field(default_factory=dict)

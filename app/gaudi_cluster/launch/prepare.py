@@ -221,9 +221,12 @@ def prepare(
         env_path.write_text(envfile.render_env_file(env_file))
         env_path.chmod(0o600)
     launcher = launchers.launcher_named(settings.launcher)
+    # DeepSpeed's runner applies --include/--exclude itself; every other launcher gets the selection.
+    selects = settings.launcher != "deepspeed" and bool(options.include or options.exclude)
+    launch_hostfile = selected_hostfile(active) if selects else hostfile
     mpirun_major = tools.openmpi_major() if settings.launcher == "mpirun" else 4
     inputs = plan.PlanInputs(
-        hostfile=hostfile,
+        hostfile=launch_hostfile,
         hostfile_path=str(hostfile_path),
         env=env_file.as_dict(),
         env_path=str(env_path),
@@ -247,12 +250,13 @@ def prepare(
         local=survey.local,
         this_node=survey.this_node,
         cwd=os.getcwd(),
-        runner_args=options.runner_args(),
+        runner_args=options.runner_args(with_selection=not selects),
         launcher_args=options.launcher_args,
         mpi_binding=options.mpi_binding,
         # Open MPI's tree-spawn parameter set in the master's environment (OMPI_MCA_plm_rsh_no_tree_spawn):
         # its choice, not the plan's (every node then holds the client key).
-        srun=_launch_step(survey, hostfile),
+        srun=_launch_step(survey, launch_hostfile),
+        device_ids={host: tuple(slots) for host, slots in active.items()} if selects else {},
         mpi_tree_spawn=any(
             name.startswith(("OMPI_MCA_", "PRTE_MCA_")) and name.endswith("_no_tree_spawn")
             for name in environ
@@ -286,6 +290,11 @@ def prepare(
         token=staged.token,
         attempt=attempt,
     )
+
+
+def selected_hostfile(active: Mapping[str, Sequence[int]]) -> Hostfile:
+    """The hostfile of the hosts --include/--exclude leave, each with its number of selected slots."""
+    return Hostfile(tuple(HostEntry(host, len(slots)) for host, slots in active.items()))
 
 
 def _launch_step(survey: NodeSurvey, hostfile: Hostfile) -> tuple[str, ...]:

@@ -16,9 +16,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
-from gaudi_cluster.errors import ClusterNotReady, ConfigError
+from gaudi_cluster.errors import ClusterNotReady, ConfigError, quoted
 from gaudi_cluster.nodes import slurm
-from gaudi_cluster.nodes.hostfile import Hostfile, host_problem
+from gaudi_cluster.nodes.hostfile import MAX_SLOTS, Hostfile, host_problem, parse_slots
 
 Resolver = Callable[[str], list[str]]
 MPI_OPERATOR_HOSTFILE = "/etc/mpi/hostfile"
@@ -52,12 +52,13 @@ def _dedupe(peers: list[Peer], source: str) -> list[Peer]:
 
 
 def _slots(value: str, token: str, source: str) -> int:
-    if not re.fullmatch(r"[0-9]+", value) or int(value) < 1:
+    count = parse_slots(value)
+    if count is None:
         raise ConfigError(
-            f"{source}: '{token}' has slots '{value}', not a positive integer; "
-            "fix: write host or host:N with N >= 1"
+            f"{source}: {quoted(token)} has slots {quoted(value)}, not a whole number from 1 to "
+            f"{MAX_SLOTS}; fix: write host or host:N with 1 <= N <= {MAX_SLOTS}"
         )
-    return int(value)
+    return count
 
 
 def parse_peer_token(token: str, source: str = "GAUDI_CLUSTER_PEERS") -> Peer:
@@ -66,7 +67,7 @@ def parse_peer_token(token: str, source: str = "GAUDI_CLUSTER_PEERS") -> Peer:
     if token.startswith("["):
         m = re.fullmatch(r"\[([^\]]+)\](?::(.*))?", token)
         if not m:
-            raise ConfigError(f"{source}: '{token}' has an unclosed '['; fix: write [ipv6]:N")
+            raise ConfigError(f"{source}: {quoted(token)} has an unclosed '['; fix: write [ipv6]:N")
         host, slots_text = m.group(1), m.group(2)
     elif token.count(":") == 1:
         host, slots_text = token.split(":")

@@ -11,12 +11,14 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gaudi_cluster.errors import ConfigError
+from gaudi_cluster.errors import ConfigError, quoted
 
 # Hostnames, IPv4 and (unbracketed) IPv6 literals; anything else would be mangled by pdsh -w or
 # by the world_info keys DeepSpeed builds from the host column.
 _HOST_RE = re.compile(r"[A-Za-z0-9_.:-]+")
 _FIX_LINE = "write one 'host slots=N' per line"
+# Ranks on one node: far above any server's devices, far below what range() or a C int overflows on.
+MAX_SLOTS = 1024
 
 
 @dataclass(frozen=True)
@@ -44,22 +46,24 @@ def host_problem(host: str) -> str | None:
         return "empty host name"
     if "@" in host:
         return (
-            f"'{host}' names an ssh user; the user comes from the ssh config, "
-            f"so write only '{host.split('@', 1)[1]}'"
+            f"{quoted(host)} names an ssh user; the user comes from the ssh config, "
+            f"so write only {quoted(host.split('@', 1)[1])}"
         )
     if host.startswith("-"):  # ssh, pdsh and mpirun would read it as an option (-oProxyCommand=...)
-        return f"{host[:64]!r} starts with '-', which no host name does"
+        return f"{quoted(host)} starts with '-', which no host name does"
     if not _HOST_RE.fullmatch(host):
-        return f"{host[:64]!r} is not a valid host name or IP address"
+        return f"{quoted(host)} is not a valid host name or IP address"
     return None
 
 
-def _parse_count(value: str) -> int | None:
-    # str.isdigit() accepts superscripts that int() rejects, hence the ASCII pattern.
-    if not re.fullmatch(r"[0-9]+", value):
+def parse_slots(value: str) -> int | None:
+    """A slot count from 1 to MAX_SLOTS, else None."""
+    # str.isdigit() accepts superscripts that int() rejects, hence the ASCII pattern (and its length
+    # bound, which keeps int() from a 5,000-digit number).
+    if not re.fullmatch(r"[0-9]{1,6}", value):
         return None
     n = int(value)
-    return n if n > 0 else None
+    return n if 0 < n <= MAX_SLOTS else None
 
 
 def _invisible_problem(text: str, source: str) -> None:
@@ -85,7 +89,9 @@ def parse_hostfile(text: str, source: str = "<hostfile>") -> Hostfile:
         where = f"{source}:{lineno}"
         host, *tokens = line.split()
         if "=" in host:
-            raise ConfigError(f"{where}: line starts with '{host}' instead of a host name; fix: {_FIX_LINE}")
+            raise ConfigError(
+                f"{where}: line starts with {quoted(host)} instead of a host name; fix: {_FIX_LINE}"
+            )
         problem = host_problem(host)
         if problem:
             raise ConfigError(f"{where}: {problem}; fix: {_FIX_LINE}")
@@ -95,14 +101,14 @@ def parse_hostfile(text: str, source: str = "<hostfile>") -> Hostfile:
             key, eq, value = tok.partition("=")
             if not eq or key not in ("slots", "max_slots"):
                 raise ConfigError(
-                    f"{where}: unknown token '{tok}' after host '{host}' (only slots= and max_slots= "
-                    f"are understood); fix: {_FIX_LINE}"
+                    f"{where}: unknown token {quoted(tok)} after host '{host}' (only slots= and "
+                    f"max_slots= are understood); fix: {_FIX_LINE}"
                 )
-            count = _parse_count(value)
+            count = parse_slots(value)
             if count is None:
                 raise ConfigError(
-                    f"{where}: {key}='{value}' for host '{host}' is not a positive integer; "
-                    f"fix: write {key}=N with N >= 1"
+                    f"{where}: {key}={quoted(value)} for host '{host}' is not a whole number from 1 to "
+                    f"{MAX_SLOTS}; fix: write {key}=N with 1 <= N <= {MAX_SLOTS}"
                 )
             if (key == "slots" and slots is not None) or (key == "max_slots" and max_slots is not None):
                 raise ConfigError(f"{where}: {key}= given twice for host '{host}'; fix: keep one")

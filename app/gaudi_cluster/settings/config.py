@@ -14,17 +14,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gaudi_cluster.env.envfile import is_secret
-from gaudi_cluster.errors import ConfigError
+from gaudi_cluster.errors import ConfigError, quoted
 from gaudi_cluster.settings.setting_types import (
     SettingError,
     assignments,
     choice,
+    host_name,
+    node_count,
+    node_filter,
     non_negative_int,
     parse_bool,
+    peer_list,
     port,
-    positive_int,
     seconds,
     size,
+    slot_count,
     text,
     variable_names,
 )
@@ -62,16 +66,19 @@ def setting(
 @dataclass(frozen=True)
 class ClusterConfig:
     peers: str | None = setting(
-        None, text, "static list of the other nodes, entries host or host:slots", "worker-1,worker-2:8"
+        None, peer_list, "static list of the other nodes, entries host or host:slots", "worker-1,worker-2:8"
     )
     peers_dns: str | None = setting(
-        None, text, "DNS name resolving to every other node (compose service, headless service)", "worker"
+        None,
+        host_name,
+        "DNS name resolving to every other node (compose service, headless service)",
+        "worker",
     )
     hostfile: str | None = setting(
         None, text, "existing hostfile listing every node, master first (host slots=N)", "/job/hostfile"
     )
     nodes: int | None = setting(
-        None, positive_int, "expected number of nodes, master included; wait until all are found", "3"
+        None, node_count, "expected number of nodes, master included; wait until all are found", "3"
     )
     wait_timeout: float = setting(
         120.0, seconds, "one deadline (s) for discovery, sshd readiness and probes", "300"
@@ -83,9 +90,7 @@ class ClusterConfig:
     accelerator: str = setting(
         "auto", choice("auto", "hpu", "cuda", "cpu"), "device kind (auto: what the master has)", "hpu"
     )
-    slots: int | None = setting(
-        None, positive_int, "ranks per node (default: devices detected; 1 on cpu)", "2"
-    )
+    slots: int | None = setting(None, slot_count, "ranks per node (default: devices detected; 1 on cpu)", "2")
     launcher: str = setting(
         "direct",
         choice("direct", "deepspeed", "mpirun", "torchrun"),
@@ -183,15 +188,22 @@ class ClusterConfig:
         0, non_negative_int, "find and probe N nodes beyond --nodes, idle; one takes a lost node's place", "1"
     )
     min_nodes: int | None = setting(
-        None, positive_int, "with no spare left, restart on the nodes that remain while at least M", "2"
+        None, node_count, "with no spare left, restart on the nodes that remain while at least M", "2"
     )
     take_back: bool = setting(
         False, parse_bool, "a lost node that answers again may rejoin a later attempt", "1", switch=True
     )
+    include: str = setting(
+        "",
+        node_filter,
+        "run only on these nodes or slots, DeepSpeed's NODE[:SLOT,SLOT][@NODE...], with every launcher",
+        "worker-1@worker-2:0,1",
+    )
     exclude: str = setting(
         "",
-        text,
-        "nodes to leave out of the launch, DeepSpeed's NODE[@NODE...] (the fabric check names them)",
+        node_filter,
+        "leave these nodes or slots out of the launch, DeepSpeed's NODE[:SLOT,SLOT][@NODE...], with every "
+        "launcher (the fabric check names them)",
         "worker-3",
     )
     dry_run: bool = setting(
@@ -292,6 +304,7 @@ def add_config_flags(parser: argparse.ArgumentParser, names: Iterable[str] | Non
 def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str]) -> ClusterConfig:
     """Merge flags > GAUDI_CLUSTER_* > defaults; a bad value is a ConfigError naming its source."""
     values: dict[str, Any] = {}
+    named: dict[str, str] = {}  # setting -> what the user wrote to set it: its flag or its variable
     # The peer source is one choice: a source given as a flag replaces every source set in the env.
     flag_sources = [name for name in PEER_SOURCES if flags.get(name) is not None]
     for s in SETTINGS:
@@ -305,39 +318,59 @@ def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str]) -> Clus
             source = s.env
         if raw is None:
             continue
+        named[s.name] = source
         try:
             values[s.name] = s.parse(raw)
         except ValueError as error:
-            shown = f"={raw!r}" if s.echo else ""
+            shown = f"={quoted(raw)}" if s.echo else ""
             fix = error.fix if isinstance(error, SettingError) else _example(source, s)
             raise ConfigError(f"{source}{shown} is invalid: {error}; fix: {fix}") from None
     config = ClusterConfig(**values)
+
+    def name(setting: str) -> str:
+        return named.get(setting) or _by_name(setting).flag
+
     if config.master_port == config.control_port:
         raise ConfigError(
-            f"the rendezvous port (--master-port) and the control port (--control-port) are both "
-            f"{config.master_port}; fix: give them different ports (defaults 29500 and 29400)"
+            f"the rendezvous port ({name('master_port')}) and the control port ({name('control_port')}) "
+            f"are both {config.master_port}; fix: give them different ports (defaults 29500 and 29400)"
         )
     taken = (config.master_port, config.control_port)
     if config.metrics_port in taken:
         other = next(p for p in (9400, 9401, 9402) if p not in taken)
         raise ConfigError(
-            f"--metrics-port {config.metrics_port} is also the rendezvous or the control port; "
-            f"fix: --metrics-port {other} (any port other than {taken[0]} and {taken[1]})"
+            f"{name('metrics_port')} {config.metrics_port} is also the rendezvous or the control port; "
+            f"fix: {_assign(name('metrics_port'), other)} (any port other than {taken[0]} and {taken[1]})"
         )
-    _check_elastic(config)
+    if config.include and config.exclude:
+        raise ConfigError(
+            f"{name('include')} and {name('exclude')} were both given; fix: keep one (DeepSpeed refuses both)"
+        )
+    _check_elastic(config, name)
     return config
 
 
-def _check_elastic(config: ClusterConfig) -> None:
+def _by_name(name: str) -> Setting:
+    return next(s for s in SETTINGS if s.name == name)
+
+
+def _assign(source: str, value: object) -> str:
+    """How to set a flag or a variable to `value`, in the form the user chose."""
+    return f"{source} {value}" if source.startswith("--") else f"{source}={value}"
+
+
+def _check_elastic(config: ClusterConfig, name: Callable[[str], str]) -> None:
     """--min-nodes and --spares against the node count they shrink or grow from."""
     if config.min_nodes is not None and config.nodes is not None and config.min_nodes > config.nodes:
         raise ConfigError(
-            f"--min-nodes {config.min_nodes} is above the job's {config.nodes} nodes (--nodes); "
-            f"fix: --min-nodes {config.nodes} or less"
+            f"{_assign(name('min_nodes'), config.min_nodes)} is above the job's {config.nodes} nodes "
+            f"({name('nodes')}); fix: {_assign(name('min_nodes'), config.nodes)} or less"
         )
     if (config.spares or config.min_nodes) and config.max_restarts == 0:
+        given = " and ".join(name(n) for n in ("spares", "min_nodes") if getattr(config, n))
         raise ConfigError(
-            "--spares and --min-nodes act on a restart but --max-restarts is 0; fix: --max-restarts 1 or more"
+            f"{given} act{'s' if ' and ' not in given else ''} on a restart but "
+            f"{name('max_restarts')} is 0; fix: {_assign(name('max_restarts'), 1)} or more"
         )
 
 

@@ -7,10 +7,12 @@ with the reason, or SettingError when the fix is more specific than the setting'
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 
 from gaudi_cluster.env.envfile import LAUNCHER_OWNED, check_name, is_secret, split_assignments, value_problem
 from gaudi_cluster.errors import ConfigError
+from gaudi_cluster.nodes.hostfile import MAX_SLOTS, host_problem
 
 # The one set of words that mean yes/no, for every switch read from the environment.
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
@@ -33,18 +35,43 @@ def integer(value: str) -> int:
         raise ValueError("must be an integer") from None
 
 
-def positive_int(value: str) -> int:
+# Upper bounds, checked when a value is read so that nothing later (range(), a C call, a deadline)
+# meets a number it cannot hold: far above any real cluster, far below what would overflow.
+MAX_NODES = 100_000
+MAX_COUNT = 10_000  # restarts, spares
+MAX_SECONDS = 30 * 86400.0
+
+
+def _at_most(number: int, high: int) -> int:
+    if number > high:
+        raise ValueError(f"must be at most {high}")
+    return number
+
+
+def _positive(value: str) -> int:
     number = integer(value)
     if number <= 0:
         raise ValueError("must be a positive integer")
     return number
 
 
+def positive_int(value: str) -> int:
+    return _at_most(_positive(value), MAX_COUNT)
+
+
+def slot_count(value: str) -> int:
+    return _at_most(_positive(value), MAX_SLOTS)
+
+
+def node_count(value: str) -> int:
+    return _at_most(_positive(value), MAX_NODES)
+
+
 def non_negative_int(value: str) -> int:
     number = integer(value)
     if number < 0:
         raise ValueError("must be 0 or more")
-    return number
+    return _at_most(number, MAX_COUNT)
 
 
 def port(value: str) -> int:
@@ -61,6 +88,8 @@ def seconds(value: str) -> float:
         raise ValueError("must be a number of seconds") from None
     if not math.isfinite(number) or number <= 0:
         raise ValueError("must be a positive, finite number of seconds")
+    if number > MAX_SECONDS:
+        raise ValueError(f"must be at most {MAX_SECONDS:.0f} seconds (30 days)")
     return number
 
 
@@ -68,6 +97,46 @@ def text(value: str) -> str:
     if not value.strip():
         raise ValueError("must not be empty")
     return value.strip()
+
+
+def host_name(value: str) -> str:
+    """A DNS name or address (--peers-dns), refused at once rather than looked up until the deadline."""
+    name = text(value)
+    problem = host_problem(name)
+    if problem:
+        raise ValueError(problem)
+    return name
+
+
+def peer_list(value: str) -> str:
+    """host[:slots],... (--peers), checked when read so that its error names the flag or variable set."""
+    from gaudi_cluster.nodes.discovery import peers_from_static  # discovery reads settings' types too
+
+    spec = text(value)
+    try:
+        peers_from_static(spec, "peers")
+    except ConfigError as error:
+        message, _, fix = str(error).removeprefix("peers: ").removeprefix("peers ").partition("; fix: ")
+        raise SettingError(message, fix) from None
+    return spec
+
+
+def node_filter(value: str) -> str:
+    """DeepSpeed's NODE[:SLOT,SLOT][@NODE...] (--include, --exclude); the hosts and slots are checked
+    against the hostfile once it is known."""
+    spec = text(value)
+    for part in spec.split("@"):
+        host, colon, slots = part.partition(":")
+        problem = host_problem(host)
+        if problem:
+            raise SettingError(problem, "write NODE[:SLOT,SLOT][@NODE...], e.g. worker-2 or worker-2:0,1")
+        words = slots.split(",") if colon else []
+        if colon and not all(re.fullmatch(r"[0-9]{1,4}", word) for word in words):
+            raise SettingError(
+                f"the slots of {host!r} must be numbers separated by commas",
+                f"write {host}:0,1 (or {host} for the whole node)",
+            )
+    return spec
 
 
 class SettingError(ValueError):
