@@ -16,7 +16,8 @@ from typing import NoReturn
 
 from gaudi_cluster import __version__
 from gaudi_cluster.errors import ConfigError, GaudiClusterError, error_line, exit_code_for
-from gaudi_cluster.settings.config import DEFAULT_JOB_ROOT, add_config_flags, resolve_config
+from gaudi_cluster.settings.config import DEFAULT_JOB_ROOT, resolve_config
+from gaudi_cluster.settings.flags import add_config_flags
 from gaudi_cluster.view.liveview import configure_logging
 
 log = logging.getLogger("gaudi_cluster")

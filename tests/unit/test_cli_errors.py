@@ -39,6 +39,8 @@ def workdir(tmp_path_factory) -> Path:
     (work / "H_bom").write_bytes("\ufeffn1 slots=1\n".encode())
     (work / "H_nul").write_bytes(b"n1 slots=1\nn2\x00 slots=1\n")
     (work / "H_zero").write_text("n1 slots=0\n")
+    (work / "H_big").write_text("n1 slots=99999999999999999999\n")
+    (work / "H_esc").write_text("n1 slots=2\x1b]0;title\x07 \x1b[2J\n")
     return work
 
 
@@ -78,6 +80,19 @@ BAD = [
     (["master", "--peers", "a:0"], {}, "a:0"),
     (["master", "--peers", "root@a"], {}, "root@a"),
     (["master", "--dry-run", "--hostfile", "H_zero"], {}, "H_zero:1"),
+    (["master", "--slots", "99999999999999999999"], {}, "--slots"),
+    (["master", "--dry-run", "--hostfile", "H_big"], {}, "H_big:1"),
+    (["spawn", "--hostfile", "H_big", "--use_deepspeed", "run.py"], {}, "H_big:1"),
+    (["hostfile", "H_big"], {}, "H_big:1"),
+    (["hostfile", "H_esc"], {}, "\\x1b]0;title\\x07"),
+    (["master", "--nodes", "9" * 3000], {}, "(3000 characters)"),
+    (["master", "--peers", "root@w1"], {}, "--peers="),
+    (["master", "--peers", "w1:99999999999"], {}, "--peers="),
+    (["master"], {"GAUDI_CLUSTER_PEERS": "root@w1"}, "GAUDI_CLUSTER_PEERS="),
+    (["master"], {"GAUDI_CLUSTER_SPARES": "1"}, "GAUDI_CLUSTER_SPARES acts"),
+    (["master", "--peers-dns", "bad name!"], {}, "--peers-dns"),
+    (["master", "--exclude", "b:x"], {}, "--exclude"),
+    (["master", "--include", "a", "--exclude", "b"], {}, "--include and --exclude"),
     (["master", "--master", "1234"], {}, "--master"),
     (["master", "--launcher", "srun"], {}, "--launcher"),
     (["master", "--accelerator", "gaudi"], {}, "--accelerator"),
@@ -124,6 +139,14 @@ def test_bad_input_is_one_line_with_a_fix(workdir, argv, env, culprit):
     assert culprit in errors[0] and "fix:" in errors[0], errors[0]
     assert "[launcher]" not in done.stdout and " rank " not in done.stdout  # nothing was launched
     assert not (workdir / "jobs").exists() or not any((workdir / "jobs").iterdir())
+
+
+def test_an_echoed_value_carries_no_control_character_and_is_cut(workdir):
+    for argv in (["hostfile", "H_esc"], ["master", "--nodes", "9" * 3000]):
+        done = run_cli(argv, workdir)
+        assert done.returncode == 2
+        assert not any(ord(c) < 32 and c != "\n" for c in done.stderr), done.stderr
+        assert len(done.stderr) < 400 and done.stderr.count("\n") == 1, done.stderr
 
 
 def test_there_are_at_least_forty_cases():

@@ -150,7 +150,7 @@ BY_CONSTRUCTION = [
     ("gaudi_cluster/aws/ec2.py", "is not an EC2 region", "the input is not a region, the fix is one"),
     ("gaudi_cluster/compat/translate.py", "drop --world_size", "the fix is the hostfile's total, not it"),
     ("gaudi_cluster/launch/launchers.py", "--launcher deepspeed or mpirun", "the input is torchrun"),
-    ("gaudi_cluster/launch/launchers.py", "on its first slots", "input mpirun/torchrun, fix direct"),
+    ("gaudi_cluster/launch/plan.py", "on its first slots", "input mpirun/torchrun, fix direct"),
     ("gaudi_cluster/nodes/find.py", "lower --spares", "names no value"),
     ("gaudi_cluster/nodes/find.py", "lower --nodes", "the fix is the count found, below the input"),
     ("gaudi_cluster/nodes/ssh.py", "set --ssh-port", "names no value"),

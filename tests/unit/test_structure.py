@@ -52,6 +52,7 @@ PURE = {
     "gaudi_cluster.nodes.discovery",
     "gaudi_cluster.nodes.find",
     "gaudi_cluster.settings.config",
+    "gaudi_cluster.settings.host_names",
     "gaudi_cluster.settings.profiles",
     "gaudi_cluster.settings.profiles_build",
     "gaudi_cluster.settings.profiles_check",

@@ -237,17 +237,6 @@ def _runner_args(inputs: PlanInputs) -> list[str]:
     return [*inputs.runner_args, *launcher_args]
 
 
-def _check_first_slots(inputs: PlanInputs, name: str) -> None:
-    """mpirun and torchrun give a node's ranks devices 0..N-1: a selection of other slots cannot hold."""
-    for host, ids in inputs.device_ids.items():
-        if ids != tuple(range(len(ids))):
-            raise ConfigError(
-                f"--launcher {name} runs a node's ranks on its first slots, but --include/--exclude "
-                f"select slots {','.join(map(str, ids))} of {host}; fix: --launcher direct (or select "
-                "whole nodes)"
-            )
-
-
 class MpirunLauncher:
     name = "mpirun"
 
@@ -255,7 +244,7 @@ class MpirunLauncher:
         return (MPIRUN, OPENMPI)  # a local run too: mpirun starts the ranks here
 
     def plan(self, inputs: PlanInputs) -> LaunchPlan:
-        _check_first_slots(inputs, self.name)
+        inputs.check_first_slots(self.name)
         return mpirun_plan(
             hostfile=inputs.hostfile,
             master_addr=inputs.master_addr,
@@ -283,7 +272,7 @@ class TorchrunLauncher:
         return (_python(inputs), TORCH)
 
     def plan(self, inputs: PlanInputs) -> LaunchPlan:
-        _check_first_slots(inputs, self.name)
+        inputs.check_first_slots(self.name)
         if len(inputs.hostfile.entries) > 1:
             raise ConfigError(
                 "--launcher torchrun runs one node only; fix: use --launcher deepspeed or mpirun"
@@ -335,11 +324,9 @@ class DirectLauncher:
         return tuple(entries)
 
     def plan(self, inputs: PlanInputs) -> LaunchPlan:
-        if inputs.runner_args or inputs.launcher_args:
-            raise ConfigError(
-                "DeepSpeed runner flags (--launcher_args, --bind_cores_to_rank, --bind_core_list) need "
-                "DeepSpeed's launcher; fix: --launcher deepspeed"
-            )
+        given = (*inputs.runner_args, "--launcher_args" if inputs.launcher_args else "")
+        if flags := [word for word in given if word.startswith("--")]:
+            raise ConfigError(f"{', '.join(flags)} need DeepSpeed's launcher; fix: --launcher deepspeed")
         # A dry run writes no ssh config: the spec shows where it would be.
         ssh_config = inputs.ssh_config_path or "(the job's ssh config)"
         launch = FanoutSpec(inputs.python, ssh_config, self.nodes(inputs), srun=inputs.srun)

@@ -221,3 +221,13 @@ class PlanInputs:
     # --include/--exclude applied for a launcher other than DeepSpeed's: the device ids each host of
     # `hostfile` (then already narrowed to the selected hosts) runs its ranks on; empty: 0..slots-1.
     device_ids: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def check_first_slots(self, launcher: str) -> None:
+        """mpirun and torchrun give a node's ranks devices 0..N-1: a selection of other slots cannot hold."""
+        for host, ids in self.device_ids.items():
+            if ids != tuple(range(len(ids))):
+                raise ConfigError(
+                    f"--launcher {launcher} runs a node's ranks on its first slots, but --include/--exclude "
+                    f"select slots {','.join(map(str, ids))} of {host}; fix: --launcher direct (or select "
+                    "whole nodes)"
+                )

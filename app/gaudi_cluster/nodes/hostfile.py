@@ -12,13 +12,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gaudi_cluster.errors import ConfigError, quoted
+from gaudi_cluster.settings.host_names import MAX_SLOTS, host_problem, parse_slots
 
-# Hostnames, IPv4 and (unbracketed) IPv6 literals; anything else would be mangled by pdsh -w or
-# by the world_info keys DeepSpeed builds from the host column.
-_HOST_RE = re.compile(r"[A-Za-z0-9_.:-]+")
+__all__ = ["MAX_SLOTS", "HostEntry", "Hostfile", "host_problem", "parse_slots"]
+
 _FIX_LINE = "write one 'host slots=N' per line"
-# Ranks on one node: far above any server's devices, far below what range() or a C int overflows on.
-MAX_SLOTS = 1024
 
 
 @dataclass(frozen=True)
@@ -38,32 +36,6 @@ class Hostfile:
     @property
     def world_size(self) -> int:
         return sum(e.slots for e in self.entries)
-
-
-def host_problem(host: str) -> str | None:
-    """Why `host` cannot be a hostfile/peer name, or None when it can."""
-    if not host:
-        return "empty host name"
-    if "@" in host:
-        return (
-            f"{quoted(host)} names an ssh user; the user comes from the ssh config, "
-            f"so write only {quoted(host.split('@', 1)[1])}"
-        )
-    if host.startswith("-"):  # ssh, pdsh and mpirun would read it as an option (-oProxyCommand=...)
-        return f"{quoted(host)} starts with '-', which no host name does"
-    if not _HOST_RE.fullmatch(host):
-        return f"{quoted(host)} is not a valid host name or IP address"
-    return None
-
-
-def parse_slots(value: str) -> int | None:
-    """A slot count from 1 to MAX_SLOTS, else None."""
-    # str.isdigit() accepts superscripts that int() rejects, hence the ASCII pattern (and its length
-    # bound, which keeps int() from a 5,000-digit number).
-    if not re.fullmatch(r"[0-9]{1,6}", value):
-        return None
-    n = int(value)
-    return n if 0 < n <= MAX_SLOTS else None
 
 
 def _invisible_problem(text: str, source: str) -> None:

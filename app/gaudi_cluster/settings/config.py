@@ -7,9 +7,8 @@ the defaults all come from there. Pure: the environment is a parameter.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -273,34 +272,6 @@ def _redacted(name: str, value: Any) -> str:
     return repr(";".join(f"{key}={'***' if is_secret(key) else shown}" for key, shown in value))
 
 
-def add_config_flags(parser: argparse.ArgumentParser, names: Iterable[str] | None = None) -> None:
-    """One flag per setting; flags default to None so that the env layer can tell 'not given'.
-
-    The underscore spelling of a flag is accepted too and left out of --help.
-    """
-    wanted = None if names is None else set(names)
-    for s in SETTINGS:
-        if wanted is not None and s.name not in wanted:
-            continue
-        choices = getattr(s.parse, "choices", None)
-        shown = f"; one of {', '.join(choices)}" if choices else ""
-        default = "" if s.default in (None, ()) else f"; default {s.default}"
-        help_text = f"{s.help}{shown} (env {s.env}{default})"
-        if s.switch:
-            parser.add_argument(s.flag, dest=s.name, action="store_const", const="1", help=help_text)
-        else:
-            metavar = "{" + ",".join(choices) + "}" if choices else s.name.upper()
-            action = "append" if s.repeatable else "store"
-            parser.add_argument(s.flag, dest=s.name, metavar=metavar, action=action, help=help_text)
-        for alias in s.aliases:
-            kwargs: dict[str, Any] = (
-                {"action": "store_const", "const": "1"}
-                if s.switch
-                else {"action": "append" if s.repeatable else "store"}
-            )
-            parser.add_argument(alias, dest=s.name, help=argparse.SUPPRESS, **kwargs)
-
-
 def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str]) -> ClusterConfig:
     """Merge flags > GAUDI_CLUSTER_* > defaults; a bad value is a ConfigError naming its source."""
     values: dict[str, Any] = {}
@@ -328,7 +299,7 @@ def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str]) -> Clus
     config = ClusterConfig(**values)
 
     def name(setting: str) -> str:
-        return named.get(setting) or _by_name(setting).flag
+        return named.get(setting) or "--" + setting.replace("_", "-")
 
     if config.master_port == config.control_port:
         raise ConfigError(
@@ -348,10 +319,6 @@ def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str]) -> Clus
         )
     _check_elastic(config, name)
     return config
-
-
-def _by_name(name: str) -> Setting:
-    return next(s for s in SETTINGS if s.name == name)
 
 
 def _assign(source: str, value: object) -> str:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from gaudi_cluster.env.envfile import LAUNCHER_OWNED, check_name, is_secret, split_assignments, value_problem
 from gaudi_cluster.errors import ConfigError
-from gaudi_cluster.nodes.hostfile import MAX_SLOTS, host_problem
+from gaudi_cluster.settings.host_names import MAX_SLOTS, host_problem, peer_list_problem
 
 # The one set of words that mean yes/no, for every switch read from the environment.
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
@@ -110,14 +110,10 @@ def host_name(value: str) -> str:
 
 def peer_list(value: str) -> str:
     """host[:slots],... (--peers), checked when read so that its error names the flag or variable set."""
-    from gaudi_cluster.nodes.discovery import peers_from_static  # discovery reads settings' types too
-
     spec = text(value)
-    try:
-        peers_from_static(spec, "peers")
-    except ConfigError as error:
-        message, _, fix = str(error).removeprefix("peers: ").removeprefix("peers ").partition("; fix: ")
-        raise SettingError(message, fix) from None
+    problem = peer_list_problem(spec)
+    if problem:
+        raise SettingError(*problem)
     return spec
 
 
