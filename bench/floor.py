@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from bench.common import ROOT, WORK, Ctx, Row, Streamed, Target, events_in, failed_row, log, stat
+from tests.support.ports import held_port
 
 CALLS = 2000
 COLLECTIVES = 300
@@ -69,7 +70,12 @@ dist.destroy_process_group()
 """
 
 
-def _collective_cost_us(port: int) -> float:
+def _collective_cost_us() -> float:
+    with held_port() as port:  # rank 0's store binds it; no other process gets it meanwhile
+        return _collective_on(port)
+
+
+def _collective_on(port: int) -> float:
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
     procs = [
         subprocess.Popen(
@@ -83,14 +89,6 @@ def _collective_cost_us(port: int) -> float:
     out = procs[0].communicate(timeout=120)[0]
     procs[1].wait(timeout=120)
     return float(next(line.split()[1] for line in out.splitlines() if line.startswith("per-step-us")))
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _default_job(out_dir: Path) -> list[str]:
@@ -116,13 +114,18 @@ sys.exit(run_clm.main(sys.argv[1:]))
 def _one_rank(tmp: Path, warm: bool) -> tuple[float, float]:
     """(seconds from process start, or from the end of the imports when warm, to the first step;
     seconds per optimizer step after the warm-up)."""
+    with held_port() as port:  # the rank's store binds it; no other process gets it meanwhile
+        return _one_rank_on(port, tmp, warm)
+
+
+def _one_rank_on(port: int, tmp: Path, warm: bool) -> tuple[float, float]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GAUDI_CLUSTER_")}
     env.update(
         RANK="0",
         LOCAL_RANK="0",
         WORLD_SIZE="1",
         MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(_free_port()),
+        MASTER_PORT=str(port),
         GAUDI_CLUSTER_DATA_DIR=str(WORK / "data"),
         TOKENIZERS_PARALLELISM="false",
         PYTHONPATH=str(ROOT / "app"),
@@ -176,7 +179,7 @@ def run(ctx: Ctx) -> list[Row]:
             )
         )
         callback = stat([_callback_cost_us(tmp) for _ in range(3)])
-        collective = stat([_collective_cost_us(_free_port()) for _ in range(2)])
+        collective = stat([_collective_cost_us() for _ in range(2)])
         rows.append(
             Row(
                 "step.overhead_us",

@@ -11,17 +11,10 @@ import subprocess
 import sys
 
 from bench.common import ROOT, WORK, Ctx, Row, Target, failed_row, log, stat
+from tests.support.ports import held_port
 
 TIMEOUT = 600.0
 FIGURE = "Checkpoint save, 2 CPU ranks, DeepSpeed ZeRO-0 (ours vs the save before issue 24)"
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def run(ctx: Ctx) -> list[Row]:
@@ -39,7 +32,7 @@ def run(ctx: Ctx) -> list[Row]:
     )
     cmd = [
         sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--no_local_rank",
-        "--master_port", str(_free_port()), str(ROOT / "bench" / "save_worker.py"),
+        "--master_port", "PORT", str(ROOT / "bench" / "save_worker.py"),
         "--output_dir", str(tmp), "--rounds", str(rounds),
     ]  # fmt: skip
     subprocess.run(
@@ -50,9 +43,11 @@ def run(ctx: Ctx) -> list[Row]:
         env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
     )
     try:
-        done = subprocess.run(
-            cmd, check=False, env=env, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT
-        )
+        with held_port() as port:  # the rendezvous binds it; no other process gets it meanwhile
+            cmd[cmd.index("PORT")] = str(port)
+            done = subprocess.run(
+                cmd, check=False, env=env, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT
+            )
         line = next((x for x in done.stdout.splitlines() if "bench-result " in x), None)
         if done.returncode != 0 or line is None:
             return [failed_row("save.checkpoint", FIGURE, f"exit {done.returncode}: {done.stderr[-600:]}")]

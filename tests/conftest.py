@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
 from tests.support.docker import ROOT, docker
+from tests.support.ports import held_port
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
@@ -50,3 +53,10 @@ def cluster_keys(tmp_path_factory) -> Path:
     directory = tmp_path_factory.mktemp("keys") / "keys"
     subprocess.run([str(ROOT / "scripts" / "make-keys.sh"), str(directory)], check=True, capture_output=True)
     return directory
+
+
+@pytest.fixture
+def hold_port() -> Iterator[Callable[[], int]]:
+    """held_port() for the whole test: one call per port a child process binds (tests/support/ports.py)."""
+    with ExitStack() as stack:
+        yield lambda: stack.enter_context(held_port())

@@ -17,7 +17,6 @@ import pytest
 
 from tests.support import attacks
 from tests.support.host_tools import require
-from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SLOW = ROOT / "tests" / "cluster" / "user" / "slow.py"
@@ -25,9 +24,9 @@ SLOW = ROOT / "tests" / "cluster" / "user" / "slow.py"
 pytestmark = pytest.mark.slow
 
 
-def test_the_job_survives_the_attacks_and_memory_stays_bounded(tmp_path):
+def test_the_job_survives_the_attacks_and_memory_stays_bounded(tmp_path, hold_port):
     require("mpirun")
-    port = free_port()
+    port = hold_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("GAUDI_CLUSTER_")}
     env.update(
         GAUDI_CLUSTER_JOB_ROOT=str(tmp_path / "jobs"),
@@ -36,7 +35,7 @@ def test_the_job_survives_the_attacks_and_memory_stays_bounded(tmp_path):
         PYTHONUNBUFFERED="1",
     )
     master = subprocess.Popen(
-        [sys.executable, str(ROOT / "app" / "gaudi_spawn.py"), "--master_port", str(free_port()),
+        [sys.executable, str(ROOT / "app" / "gaudi_spawn.py"), "--master_port", str(hold_port()),
          "--world_size", "2", "--use_mpi", str(SLOW)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path, env=env,
     )  # fmt: skip

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.host_tools import require
-from tests.support.ports import free_port
+from tests.support.ports import held_port
 
 ROOT = Path(__file__).resolve().parents[2]
 GAUDI_SPAWN = ROOT / "app" / "gaudi_spawn.py"
@@ -32,26 +32,27 @@ def spawn(tmp_path: Path, *argv: str, env: dict[str, str] | None = None) -> subp
     results = tmp_path / "results"
     results.mkdir(exist_ok=True)
     base = {k: v for k, v in os.environ.items() if not k.startswith("GAUDI_CLUSTER_")}
-    base.update(
-        {
-            "GAUDI_CLUSTER_JOB_ROOT": str(tmp_path / "jobs"),
-            "GAUDI_CLUSTER_SSH_PORT": str(free_port()),  # nothing listens: any ssh attempt would fail
-            "GAUDI_CLUSTER_SSH_DIR": str(tmp_path / "no-keys"),
-            "GAUDI_CLUSTER_CONTROL_PORT": str(free_port()),
-            "RESULT_DIR": str(results),
-            "PYTHONUNBUFFERED": "1",
-            **(env or {}),
-        }
-    )
-    return subprocess.run(
-        [sys.executable, str(GAUDI_SPAWN), "--master_port", str(free_port()), *argv],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=base,
-        timeout=300,
-        check=False,
-    )
+    with held_port() as ssh, held_port() as control, held_port() as rendezvous:
+        base.update(
+            {
+                "GAUDI_CLUSTER_JOB_ROOT": str(tmp_path / "jobs"),
+                "GAUDI_CLUSTER_SSH_PORT": str(ssh),  # held, nothing listens: any ssh attempt would fail
+                "GAUDI_CLUSTER_SSH_DIR": str(tmp_path / "no-keys"),
+                "GAUDI_CLUSTER_CONTROL_PORT": str(control),
+                "RESULT_DIR": str(results),
+                "PYTHONUNBUFFERED": "1",
+                **(env or {}),
+            }
+        )
+        return subprocess.run(
+            [sys.executable, str(GAUDI_SPAWN), "--master_port", str(rendezvous), *argv],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=base,
+            timeout=300,
+            check=False,
+        )
 
 
 def results(tmp_path: Path) -> list[dict]:

@@ -19,26 +19,24 @@ from gaudi_cluster.launch.plan import mpi_binding
 from gaudi_cluster.nodes import probe
 from gaudi_cluster.settings import profiles
 
-from tests.support.ports import free_port
-
 ROOT = Path(__file__).resolve().parents[2]
 ALLREDUCE = ROOT / "tests" / "cluster" / "user" / "allreduce.py"
 
 pytestmark = pytest.mark.slow
 
 
-def test_two_use_mpi_ranks_are_bound_and_train(tmp_path):
+def test_two_use_mpi_ranks_are_bound_and_train(tmp_path, hold_port):
     results = tmp_path / "results"
     results.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("GAUDI_CLUSTER_")}
     env.update(
         GAUDI_CLUSTER_JOB_ROOT=str(tmp_path / "jobs"),
-        GAUDI_CLUSTER_CONTROL_PORT=str(free_port()),
+        GAUDI_CLUSTER_CONTROL_PORT=str(hold_port()),
         RESULT_DIR=str(results),
         PYTHONUNBUFFERED="1",
     )
     done = subprocess.run(
-        [sys.executable, str(ROOT / "app" / "gaudi_spawn.py"), "--master_port", str(free_port()),
+        [sys.executable, str(ROOT / "app" / "gaudi_spawn.py"), "--master_port", str(hold_port()),
          "--world_size", "2", "--use_mpi", str(ALLREDUCE)],
         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300, check=False,
     )  # fmt: skip

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from train.events import parse_events
 
-from tests.support.ports import free_port
+from tests.support.ports import held_port
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = ROOT / "app"
@@ -47,14 +47,15 @@ def run_clm(args: list[str], env: dict[str, str], timeout: float = 300, module: 
 
 
 def run_deepspeed(args: list[str], env: dict[str, str], ranks: int = 2, timeout: float = 600) -> Run:
-    cmd = [
-        sys.executable, "-m", "deepspeed.launcher.runner",
-        "--num_gpus", str(ranks), "--no_local_rank", "--master_port", str(free_port()),
-        str(SCRIPT), *args, "--deepspeed", str(CPU_DS_CONFIG),
-    ]  # fmt: skip
-    proc = subprocess.run(
-        cmd, check=False, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
-    )
+    with held_port() as port:
+        cmd = [
+            sys.executable, "-m", "deepspeed.launcher.runner",
+            "--num_gpus", str(ranks), "--no_local_rank", "--master_port", str(port),
+            str(SCRIPT), *args, "--deepspeed", str(CPU_DS_CONFIG),
+        ]  # fmt: skip
+        proc = subprocess.run(
+            cmd, check=False, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
+        )
     return Run(proc.returncode, proc.stdout, proc.stderr)
 
 

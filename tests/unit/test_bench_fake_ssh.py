@@ -4,7 +4,6 @@ the same fake. Its figures are bench rows, nothing here is timed."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from collections import Counter
 
@@ -12,6 +11,7 @@ import pytest
 
 from bench import swarm_fanout
 from bench.swarm_soak import percentile
+from tests.support.host_tools import require
 
 FAKE = swarm_fanout.FAKE_SSH / "ssh"
 
@@ -25,8 +25,8 @@ def test_the_master_fan_out_runs_unchanged_over_the_fake_ssh():
     assert not found["teardown_capped"]
 
 
-@pytest.mark.skipif(shutil.which("pdsh") is None, reason="pdsh is not installed (scripts/host-tools.sh)")
 def test_pdsh_drives_the_same_fake_ssh():
+    require("pdsh")  # a missing pdsh fails here, naming it (the README's promise: no skips)
     found = swarm_fanout.pdsh(12, 4)
     assert found.get("answered") == 12, found
 

@@ -27,8 +27,6 @@ from gaudi_cluster.wire import protocol
 from gaudi_cluster.wire.channel import Channel, Identity, authenticate, connect, connect_and_authenticate
 from gaudi_cluster_dev.swarm_plan import SwarmPlan
 
-from tests.support.ports import free_port
-
 ROOT = Path(__file__).resolve().parents[2]
 PYTHONPATH = f"{ROOT / 'app'}:{ROOT / 'dev'}"
 JOB = "20261201-230000-swarm0"
@@ -45,7 +43,7 @@ def test_a_swarm_of_2000_ranks_checks_in_beats_and_is_stopped(tmp_path, caplog, 
     plan = SwarmPlan(nodes=250)
     secret = protocol.new_token()
     server = ControlServer(
-        "127.0.0.1", free_port(), JOB, 30.0, secret, plan.expected(), nodes=plan.rank_nodes(),
+        "127.0.0.1", 0, JOB, 30.0, secret, plan.expected(), nodes=plan.rank_nodes(),
         addresses=plan.addresses(),
     )  # fmt: skip
     report = tmp_path / "swarm.json"

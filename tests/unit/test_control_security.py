@@ -19,8 +19,6 @@ from gaudi_cluster.view.jobview import AgentState
 from gaudi_cluster.wire import protocol
 from gaudi_cluster.wire.channel import Channel, Identity, authenticate, connect
 
-from tests.support.ports import free_port
-
 JOB = "20261130-120000-abcdef"
 HOST = "node-a"
 
@@ -28,7 +26,7 @@ HOST = "node-a"
 @pytest.fixture
 def server():
     token = protocol.new_token()
-    made = ControlServer("127.0.0.1", free_port(), JOB, 10.0, token, {0: HOST, 1: HOST, 2: "node-b"})
+    made = ControlServer("127.0.0.1", 0, JOB, 10.0, token, {0: HOST, 1: HOST, 2: "node-b"})
     made.start()
     made.token = token  # type: ignore[attr-defined]
     yield made

@@ -9,13 +9,16 @@ then still writing when the interpreter exited. Now every attempt's thread ends 
 from __future__ import annotations
 
 import io
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from gaudi_cluster.supervise import lifetime
 
+from tests.support.ports import held_port
 from tests.unit.test_supervise import supervise
 
 LINES = 1000
@@ -45,29 +48,32 @@ def test_a_flooding_job_leaves_no_thread_behind(tmp_path, monkeypatch):
 
 def test_the_master_process_exits_0_with_no_thread_left(tmp_path):
     """The whole master in a child interpreter: a local job, its report plotted, then the exit."""
+    # A short job root: the job's status socket must fit AF_UNIX's 108 bytes, and pytest-xdist's
+    # tmp_path (.../popen-gw0/test_the_master_process_exits_0) is longer than that leaves room for.
+    jobs = Path(tempfile.mkdtemp(prefix="gc-jobs-"))
     job = tmp_path / "job.py"
     job.write_text("import sys\nfor i in range(3000):\n    print('line', i)\nsys.exit(0)\n")
     env = {
         "PATH": "/usr/bin:/bin",
         "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "app"),
-        "GAUDI_CLUSTER_JOB_ROOT": str(tmp_path / "jobs"),
+        "GAUDI_CLUSTER_JOB_ROOT": str(jobs),
         "GAUDI_CLUSTER_OUTPUT_DIR": str(tmp_path / "out"),
         "GAUDI_CLUSTER_SKIP_DOCTOR": "1",
         "MPLCONFIGDIR": str(tmp_path / "mpl"),  # a fresh font cache: the slow first import
     }
-    from tests.support.ports import free_port
-
-    env["GAUDI_CLUSTER_CONTROL_PORT"] = str(free_port())
-    env["GAUDI_CLUSTER_MASTER_PORT"] = str(free_port())
-    done = subprocess.run(
-        [sys.executable, "-m", "gaudi_cluster", "master", "--slots", "2", "--", sys.executable, str(job)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=120,
-        check=False,
-    )
+    with held_port() as control, held_port() as master:
+        env["GAUDI_CLUSTER_CONTROL_PORT"] = str(control)
+        env["GAUDI_CLUSTER_MASTER_PORT"] = str(master)
+        done = subprocess.run(
+            [sys.executable, "-m", "gaudi_cluster", "master", "--slots", "2", "--", sys.executable, str(job)],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=120,
+            check=False,
+        )
+    shutil.rmtree(jobs)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert lifetime.LEFT_AT_EXIT not in done.stderr, done.stderr[-2000:]
     assert "succeeded: 2 ranks on 1 nodes" in done.stdout

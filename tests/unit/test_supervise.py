@@ -26,7 +26,7 @@ from gaudi_cluster.supervise.supervisor import Supervisor, SupervisorPhase, Supe
 from gaudi_cluster.wire import protocol
 from gaudi_cluster.wire.private_payload import PrivatePayload
 
-from tests.support.ports import free_port
+from tests.support.ports import held_port
 
 HOST = socket.gethostname()
 
@@ -55,8 +55,8 @@ def control_server(
 
 def supervise(tmp_path: Path, programs: list[str], tee: bool = False, **settings: float):
     job_id = "job-" + str(time.monotonic_ns())
-    port = free_port()
-    server = control_server(tmp_path / "jobs", job_id, port, len(programs), settings.pop("heartbeat", 5.0))
+    server = control_server(tmp_path / "jobs", job_id, 0, len(programs), settings.pop("heartbeat", 5.0))
+    port = server.port
     server.start()
     out = io.StringIO()
     supervisor = Supervisor(
@@ -140,7 +140,7 @@ def test_a_vanished_agent_is_a_lost_contact_with_its_host(tmp_path):
 
 
 def test_the_supervisor_phase_is_what_status_shows():
-    server = ControlServer("127.0.0.1", free_port(), "j", 5, protocol.new_token(), {})
+    server = ControlServer("127.0.0.1", 0, "j", 5, protocol.new_token(), {})
     try:
         supervisor = Supervisor(
             "j", LaunchPlan(argv=("true",)), server, {}, SupervisorSettings(), io.StringIO()
@@ -159,8 +159,8 @@ def test_sigterm_to_master_stops_job_with_143(tmp_path):
     previous = signal.getsignal(signal.SIGTERM)
     try:
         job_id = "term-job"
-        port = free_port()
-        server = control_server(tmp_path / "jobs", job_id, port, 2)
+        server = control_server(tmp_path / "jobs", job_id, 0, 2)
+        port = server.port
         server.start()
         supervisor = Supervisor(
             job_id,
@@ -185,8 +185,8 @@ def test_sigterm_to_master_stops_job_with_143(tmp_path):
 
 def test_rank_dies_with_its_master(tmp_path):
     """The master vanishing (connection closed) ends the rank within seconds."""
-    port = free_port()
-    server = control_server(tmp_path, "orphan-job", port, 1)
+    server = control_server(tmp_path, "orphan-job", 0, 1)
+    port = server.port
     server.start()
     marker = f"orphan-marker-{time.monotonic_ns()}"
     agent = subprocess.Popen(
@@ -219,33 +219,33 @@ def test_rank_dies_with_its_master(tmp_path):
 
 
 def test_agent_refuses_to_run_unsupervised(tmp_path):
-    port = free_port()  # nothing listens there
-    jobdir.stage(tmp_path, "x", PrivatePayload(node="x-node", token=protocol.new_token()))
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gaudi_cluster.rank.agent",
-            "--job-id",
-            "x",
-            "--heartbeat-timeout",
-            "5",
-            "--control",
-            f"127.0.0.1:{port}",
-            "--job-root",
-            str(tmp_path),
-            "--connect-timeout",
-            "2",
-            "--",
-            "touch",
-            str(tmp_path / "ran"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        check=False,
-    )
+    with held_port() as port:  # held, never listening: a connection is refused
+        jobdir.stage(tmp_path, "x", PrivatePayload(node="x-node", token=protocol.new_token()))
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gaudi_cluster.rank.agent",
+                "--job-id",
+                "x",
+                "--heartbeat-timeout",
+                "5",
+                "--control",
+                f"127.0.0.1:{port}",
+                "--job-root",
+                str(tmp_path),
+                "--connect-timeout",
+                "2",
+                "--",
+                "touch",
+                str(tmp_path / "ran"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            check=False,
+        )
     assert done.returncode == 1
     assert "cannot reach the master's control channel" in done.stdout
     assert not (tmp_path / "ran").exists()
@@ -253,8 +253,8 @@ def test_agent_refuses_to_run_unsupervised(tmp_path):
 
 def test_control_port_is_free_again_right_after_close():
     """--max-restarts relaunches on the same control port at once."""
-    port = free_port()
-    first = ControlServer("127.0.0.1", port, "a", 5, protocol.new_token(), {})
+    first = ControlServer("127.0.0.1", 0, "a", 5, protocol.new_token(), {})
+    port = first.port
     first.start()
     time.sleep(0.2)  # the accept thread is now blocked in accept()
     first.close()
