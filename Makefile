@@ -20,7 +20,7 @@ BASE_IMAGE_CPU ?= gaudi-cluster/debian:bookworm
 NODES ?= 3
 export GAUDI_CLUSTER_IMAGE ?= $(IMAGE_CPU)
 
-.PHONY: help venv host-tools lint test test-unit test-train test-image test-cluster test-aws test-slurm test-k8s image \
+.PHONY: help venv host-tools lint test test-quick test-unit test-train test-image test-cluster test-aws test-slurm test-k8s image \
         image-cpu image-gaudi image-dl1 base-image wheelhouse keys demo up down logs bench clean ohabana-venv \
         test-ohabana
 
@@ -74,9 +74,19 @@ ohabana-venv: venv wheelhouse ## test-only venv with PROFILE's optimum-habana on
 test-ohabana: venv wheelhouse ## the workload's GaudiTrainer branch on CPU through each profile's optimum-habana
 	$(PY) -m pytest -q tests/ohabana
 
+# No Docker, no image: the edit-test loop (about 3 minutes on 2 cores). The pure tests run on two
+# pytest-xdist workers; tests/local stays serial: its masters' status sockets live under tmp_path, and
+# xdist's longer tmp_path would pass AF_UNIX's 108-byte limit.
+QUICK_TESTS := tests/unit tests/aws tests/k8s/test_manifests.py tests/k8s/test_hardening.py \
+  tests/k8s/test_metrics_scrape.py
+
+test-quick: venv host-tools ## unit, in-process and offline k8s tests (no Docker), about 3 minutes
+	$(PY) -m pytest -q -n 2 $(QUICK_TESTS)
+	$(PY) -m pytest -q tests/local
+
 test: venv host-tools ## all tests (builds the cpu image; needs a Docker engine)
 	$(MAKE) image-cpu
-	$(PY) -m pytest -q --durations=40 tests
+	$(PY) -m pytest -q --durations=25 tests
 
 base-image: ## the Debian 12 base of the cpu flavor (pulled, or debootstrapped offline)
 	scripts/make-base-image.sh $(BASE_IMAGE_CPU)

@@ -47,6 +47,7 @@ EXTERNAL_FLAGS = {
     "pip / python / ssh-keygen / ssh": "--no-index --find-links --upgrade --requirement -m -i -p -o",
     "pytest": "--durations -k -x -q -n",
     "squeue / scancel": "--me",
+    "kube-rbac-proxy (the metrics TLS/auth sidecar)": "--secure-listen-address --upstream",
     "setpriv": "--pdeathsig",
     "libfabric's and OpenMPI's configure": "--enable-verbs --enable-psm3-verbs --minimal --with-synapseai",
     "python -m bench (make bench)": "--only",
