@@ -91,7 +91,8 @@ def run_handshake(ctx: Ctx) -> list[Row]:
 _AGENTS = """
 import json, sys, threading, time
 sys.path.insert(0, sys.argv[4])
-from gaudi_cluster.wire import protocol
+from gaudi_cluster.rank import agent_beat
+from gaudi_cluster.wire import messages, protocol
 from gaudi_cluster.wire.channel import Identity, authenticate, connect
 port, token, ranks, seconds = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), float(sys.argv[5])
 sizes = []
@@ -104,8 +105,8 @@ def agent(rank):
         step += 2  # two steps a second, each with its work time
         progress = {"step": step, "t": time.time(), "max_steps": 10**6, "samples_per_step": 64,
                     "work": [[s, 0.4 + 0.001 * rank] for s in range(max(0, step - 8), step + 1)]}
-        message, sent = protocol.beat(progress, sent, 0.0, time.time(), f"step {step} loss 2.31")
-        sizes.append(len(json.dumps(message)) + 1)
+        message, sent = agent_beat.beat(progress, sent, 0.0, time.time(), f"step {step} loss 2.31")
+        sizes.append(len(json.dumps(messages.render(message))) + 1)
         channel.send(message)
         time.sleep(1.0)
 threads = [threading.Thread(target=agent, args=(r,)) for r in range(ranks)]

@@ -32,12 +32,13 @@ import socket
 import struct
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gaudi_cluster.wire import protocol
-from gaudi_cluster.wire.channel import LineBuffer, decode, encode
+from gaudi_cluster.rank import agent_beat
+from gaudi_cluster.wire import messages, protocol
+from gaudi_cluster.wire.channel import LineBuffer, encode
 
 from gaudi_cluster_dev.swarm_plan import SwarmPlan
 
@@ -127,11 +128,12 @@ class Swarm:
         self.drop(rank, "idle")
         heapq.heappush(self.timers, (time.monotonic() + RETRY_S, rank.number, "connect"))
 
-    def send(self, rank: Rank, message: dict[str, Any]) -> None:
+    def send(self, rank: Rank, message: messages.Message | dict[str, Any]) -> None:
         assert rank.sock is not None
-        sealed = rank.session.seal(message) if rank.session is not None else message
+        fields = message if isinstance(message, dict) else messages.render(message)
+        line = rank.session.seal(fields) if rank.session is not None else encode(fields)
         with contextlib.suppress(OSError):  # a line of < 1 KB: the socket buffer takes it
-            rank.sock.send(encode(sealed))
+            rank.sock.send(line)
 
     def read(self, rank: Rank) -> None:
         assert rank.sock is not None
@@ -148,31 +150,31 @@ class Swarm:
                 self.drop(rank, "done")
             return
         for line in rank.lines.feed(data):
-            self.receive(rank, decode(line))
+            self.receive(rank, line)
             if rank.sock is None:
                 return
 
-    def receive(self, rank: Rank, message: Any) -> None:
-        if not isinstance(message, dict):
-            message = {}
+    def receive(self, rank: Rank, line: bytes) -> None:
+        try:
+            body = rank.session.open(line) if rank.session is not None else line
+            allowed = messages.FROM_MASTER if rank.session is not None else messages.FROM_MASTER_HANDSHAKE
+            message: messages.Message | None = messages.parse_line(body, allowed)
+        except (protocol.Unsealed, messages.BadMessage):
+            message = None
         names = lambda: (rank.master_nonce, rank.nonce, self.job, self.plan.node(rank.node),  # noqa: E731
                          self.plan.host(rank.node), rank.rank)  # fmt: skip
         key, node, host = self.keys[rank.node], self.plan.node(rank.node), self.plan.host(rank.node)
         if rank.state == "connecting":
-            if message.get("type") != "challenge":
+            if not isinstance(message, messages.Challenge):
                 self.failed(rank)
                 return
-            rank.master_nonce, rank.nonce, rank.state = (
-                str(message.get("nonce"))[:64],
-                protocol.new_nonce(),
-                "welcome",
-            )
+            rank.master_nonce, rank.nonce, rank.state = message.nonce, protocol.new_nonce(), "welcome"
             hello = {"type": "hello", "job": self.job, "node": node, "host": host, "rank": rank.rank,
                      "local_rank": rank.local, "pid": os.getpid(), "nonce": rank.nonce}  # fmt: skip
             self.send(rank, {**hello, "role": "node"} if rank.relay else hello)
         elif rank.state == "welcome":
-            if message.get("type") != "welcome" or not protocol.same_mac(
-                protocol.welcome_mac(key, *names()), message.get("mac")
+            if not isinstance(message, messages.Welcome) or not protocol.same_mac(
+                protocol.welcome_mac(key, *names()), message.mac
             ):
                 self.failed(rank)
                 return
@@ -187,24 +189,21 @@ class Swarm:
                                      "pid": os.getpid(), "local_rank": number - rank.ranks[0]})  # fmt: skip
             else:
                 self.running(rank, 1)
+        elif message is None:
+            self.counts.dropped += 1
+        elif isinstance(message, messages.Seated):
+            rank.seated += 1
+            if rank.seated == len(rank.ranks):
+                self.running(rank, rank.seated)
+        elif isinstance(message, messages.Refused):
+            self.failed(rank)
+        elif isinstance(message, messages.Stop):
+            self.counts.stops += len(rank.ranks)
+            self.last_stop = time.monotonic()
+            self.first_stop = self.first_stop or self.last_stop
+            self.exit(rank, {"code": 143, "signal": 15, "tail": [], "stop_reason": "stopped"})
         else:
-            assert rank.session is not None
-            kind = message.get("type")
-            if rank.session.open(message) is not None:
-                self.counts.dropped += 1
-            elif kind == "seated":
-                rank.seated += 1
-                if rank.seated == len(rank.ranks):
-                    self.running(rank, rank.seated)
-            elif kind == "refused":
-                self.failed(rank)
-            elif kind == "stop":
-                self.counts.stops += len(rank.ranks)
-                self.last_stop = time.monotonic()
-                self.first_stop = self.first_stop or self.last_stop
-                self.exit(rank, {"code": 143, "signal": 15, "tail": [], "stop_reason": "stopped"})
-            else:
-                self.counts.beats_received += 1
+            self.counts.beats_received += 1
 
     def running(self, rank: Rank, seated: int) -> None:
         rank.state = "running"
@@ -229,24 +228,17 @@ class Swarm:
             for number in rank.ranks:
                 work = [[s, 0.4 + 0.0001 * number] for s in (rank.step - 1, rank.step)]
                 progress = {"step": rank.step, "t": time.time(), "max_steps": 10**6, "samples_per_step": 64}
-                message, _ = protocol.beat(
+                message, _ = agent_beat.beat(
                     {**progress, "work": work}, rank.sent_upto, 0.0, time.time(), "loss"
                 )
                 if rank.relay and not first:  # what a relay leaves out once the master has it
-                    for unchanged in ("max_steps", "samples_per_step", "last_line"):
-                        message.pop(unchanged, None)
-                entries.append({**message, "rank": number})
+                    message = replace(message, max_steps=None, samples_per_step=None, last_line=None)
+                entries.append(replace(message, rank=number))
             rank.sent_upto = rank.step
             if rank.relay:
-                self.send(
-                    rank,
-                    {
-                        "type": "beats",
-                        "ranks": [{k: v for k, v in e.items() if k != "type"} for e in entries],
-                    },
-                )
+                self.send(rank, messages.Beats(tuple(entries)))
             else:
-                self.send(rank, {k: v for k, v in entries[0].items() if k != "rank"})
+                self.send(rank, replace(entries[0], rank=None))
             self.counts.beats_sent += 1
         heapq.heappush(self.timers, (now + 1.0, rank.number, "beat"))
 

@@ -20,7 +20,7 @@ import pytest
 from gaudi_cluster.rank import jobdir
 from gaudi_cluster.supervise import admission
 from gaudi_cluster.supervise.control import ControlServer, EventKind
-from gaudi_cluster.wire import protocol
+from gaudi_cluster.wire import messages, protocol
 from gaudi_cluster.wire.channel import Channel, Identity, authenticate, connect_and_authenticate
 from gaudi_cluster.wire.private_payload import PrivatePayload
 
@@ -190,10 +190,14 @@ def test_a_replayed_sealed_message_is_dropped():
     key = protocol.new_token()
     agent, master = protocol.Session(key, "agent"), protocol.Session(key, "master")
     first = agent.seal({"type": "beat", "step": 1})
-    assert master.open(first) is None
-    assert "sequence 1 where 2 was due" in str(master.open(first))
-    assert master.open({**agent.seal({"type": "beat", "step": 2}), "step": 3}) == "no valid session MAC"
-    assert protocol.Session(key, "master").open(master.seal({"type": "stop"})) == "no valid session MAC"
+    assert master.open(first) == b'{"type":"beat","step":1,"seq":1}'
+    with pytest.raises(protocol.Unsealed, match="sequence 1 where 2 was due"):
+        master.open(first)
+    tampered = agent.seal({"type": "beat", "step": 2}).replace(b'"step":2', b'"step":3')
+    with pytest.raises(protocol.Unsealed, match="no valid session MAC"):
+        master.open(tampered)
+    with pytest.raises(protocol.Unsealed, match="no valid session MAC"):  # reflected to its sender
+        protocol.Session(key, "master").open(master.seal({"type": "stop"}))
 
 
 def test_refusals_are_logged_quoted_cut_and_bounded(server, caplog):
@@ -237,7 +241,7 @@ def test_an_injected_stop_never_reaches_a_real_agents_rank(tmp_path, fast_handsh
         time.sleep(1.5)
         assert agent.poll() is None, "".join(lines)
         relay_log = (tmp_path / JOB / "relay.log").read_text()
-        assert "ignored a control message without the session's MAC" in relay_log
+        assert "ignored a control message (without the session's MAC" in relay_log
         server.stop_all(0)  # sealed by the session: the master's own
         assert agent.wait(timeout=20) != 0
         assert any("stopping rank" in line for line in lines), "".join(lines)
@@ -257,16 +261,15 @@ def test_a_node_relay_is_seated_once_and_seats_only_its_nodes_ranks(server, capl
     authenticate(relay, relay_identity(server))
     relay.send({"type": "join", "rank": 2, "host": NODE_B, "node": NODE_A, "pid": 7, "local_rank": 0})
     refused = relay.receive()
-    assert (refused["type"], refused["rank"]) == ("refused", 2)  # rank 2 is node-b's
+    assert isinstance(refused, messages.Refused) and refused.rank == 2  # rank 2 is node-b's
     relay.send({"type": "join", "rank": 1, "host": NODE_A, "node": NODE_A, "pid": 7, "local_rank": 1})
-    seated = relay.receive()
-    assert (seated["type"], seated["rank"]) == ("seated", 1)
+    assert relay.receive() == messages.Seated(1)
     assert [(e.kind, e.rank) for e in events(server)] == [(EventKind.HELLO, 1)]
     with pytest.raises(ConnectionError, match="already connected"):
         authenticate(Channel(peer_socket(server, "127.0.0.1")), relay_identity(server))
     relay.send({"type": "exit", "rank": 1, "code": 3, "tail": ["bye"]})
     (exit_event,) = events(server)
-    assert (exit_event.kind, exit_event.rank, exit_event.detail["code"]) == (EventKind.EXIT, 1, 3)
+    assert (exit_event.kind, exit_event.rank, exit_event.code) == (EventKind.EXIT, 1, 3)
     relay.close()
     assert events(server, timeout=1.5) == []  # its rank's end was reported: no loss
 

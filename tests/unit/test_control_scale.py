@@ -23,7 +23,7 @@ from gaudi_cluster.launch.plan import LaunchPlan
 from gaudi_cluster.supervise.control import ControlServer
 from gaudi_cluster.supervise.outcome import JobState
 from gaudi_cluster.supervise.supervisor import Supervisor, SupervisorSettings
-from gaudi_cluster.wire import protocol
+from gaudi_cluster.wire import messages, protocol
 from gaudi_cluster.wire.channel import Channel, Identity, authenticate, connect, connect_and_authenticate
 from gaudi_cluster_dev.swarm_plan import SwarmPlan
 
@@ -136,7 +136,7 @@ def test_a_master_out_of_descriptors_keeps_serving_and_admits_once_they_are_back
         second.start()
         first.settimeout(5)
         beats = [first.receive() for _ in range(2)]  # the admitted agent is still served meanwhile
-        assert [b and b.get("type") for b in beats] == ["beat", "beat"], beats
+        assert beats == [messages.Beat(), messages.Beat()], beats
         master.stdin.write("\n")
         master.stdin.flush()
         second.join(60)

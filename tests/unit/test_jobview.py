@@ -8,6 +8,7 @@ import socket
 
 import pytest
 from gaudi_cluster.errors import ClusterNotReady, ConfigError
+from gaudi_cluster.rank import agent_beat
 from gaudi_cluster.view import report, status
 from gaudi_cluster.view.jobview import (
     AgentState,
@@ -18,7 +19,7 @@ from gaudi_cluster.view.jobview import (
     status_rows,
 )
 from gaudi_cluster.view.liveview import LiveView
-from gaudi_cluster.wire import protocol
+from gaudi_cluster.wire import messages
 
 from tests.support.reports import as_reports
 
@@ -174,15 +175,15 @@ def test_the_report_holds_phases_names_and_stragglers(tmp_path):
 def test_a_beat_carries_each_step_once_and_stays_under_1_kb():
     progress = {"step": 20, "t": 99.5, "max_steps": 40, "samples_per_step": 12,
                 "work": [[s, 0.123456] for s in range(13, 21)]}  # fmt: skip
-    first, sent = protocol.beat(progress, 15, 0.0, 100.0, "x" * 500)
-    assert [s for s, _ in first["work"]] == [16, 17, 18, 19, 20] and sent == 20
-    again, _ = protocol.beat(progress, sent, 0.0, 101.0, None)
-    assert again["work"] == [] and again["progress_age"] == 1.5
-    assert protocol.problem(first) is None
-    worst, _ = protocol.beat(
+    first, sent = agent_beat.beat(progress, 15, 0.0, 100.0, "x" * 500)
+    assert [s for s, _ in first.work] == [16, 17, 18, 19, 20] and sent == 20
+    again, _ = agent_beat.beat(progress, sent, 0.0, 101.0, None)
+    assert again.work == () and again.progress_age == 1.5
+    assert messages.parse(json.loads(json.dumps(messages.render(first)))) == first
+    worst, _ = agent_beat.beat(
         {**progress, "work": [[10**6 + s, 12345.678] for s in range(16)]}, -1, 0, 0, "y" * 200
     )
-    assert len(json.dumps(worst)) < 1024
+    assert len(json.dumps(messages.render(worst))) < 1024
 
 
 def test_verbose_logging_adds_our_debug_lines_only_and_libraries_say_only_warnings(monkeypatch):

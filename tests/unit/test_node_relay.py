@@ -24,7 +24,7 @@ from gaudi_cluster.rank import jobdir
 from gaudi_cluster.rank.relay import PID_NAME
 from gaudi_cluster.supervise import admission
 from gaudi_cluster.supervise.control import ControlServer, EventKind
-from gaudi_cluster.wire import protocol
+from gaudi_cluster.wire import messages, protocol
 from gaudi_cluster.wire.channel import Channel
 from gaudi_cluster.wire.private_payload import PrivatePayload
 
@@ -94,7 +94,7 @@ def test_the_ranks_of_a_node_share_one_connection_and_end_through_it(cluster):
     relay = relay_process(job_dir)
     assert relay is not None and relay.is_running()
     exits = take(server, 4)
-    assert {e.rank: e.detail["code"] for e in exits} == {0: 0, 1: 1, 2: 2, 3: 3}
+    assert {e.rank: e.code for e in exits} == {0: 0, 1: 1, 2: 2, 3: 3}
     assert [process.wait(timeout=10) for process in agents] == [0, 1, 2, 3]
     relay.wait(timeout=10)  # the relay ends once its last agent has left
     assert not (job_dir / PID_NAME).exists()
@@ -112,7 +112,7 @@ def test_beats_carry_each_ranks_step_and_a_killed_agent_is_lost_alone(cluster):
     assert steps == [7, 7, 7]
     agents[1].send_signal(signal.SIGKILL)  # the agent dies, its rank's process group lives on for now
     (lost,) = take(server, 1)
-    assert (lost.kind, lost.rank) == (EventKind.LOST, 1) and "connection closed" in lost.detail["reason"]
+    assert (lost.kind, lost.rank) == (EventKind.LOST, 1) and "connection closed" in lost.reason
     assert sorted(server.running()) == [0, 2]
 
 
@@ -159,8 +159,9 @@ def test_a_silent_master_is_lost_by_the_relay_within_the_heartbeat_timeout(tmp_p
         channel = Channel(sock)
         gate = admission.Gate(JOB, secret, {0: HOST}, {0: NODE}, None)
         channel.session = gate.admit(channel, "127.0.0.1", lambda _seat: False).session
-        join = channel.receive()
-        channel.send({"type": "seated", "rank": join["rank"]})
+        join = channel.receive(messages.FROM_RELAY_SESSION)
+        assert isinstance(join, messages.Join)
+        channel.send(messages.Seated(join.rank))
         held.append(channel)  # and never a beat again
 
     threading.Thread(target=silent_master, daemon=True).start()
@@ -198,6 +199,6 @@ def test_a_stop_signal_to_the_whole_node_still_carries_the_ranks_exits(cluster):
         process.send_signal(signal.SIGTERM)
     exits = take(server, 2)
     assert sorted((e.kind, e.rank) for e in exits) == [(EventKind.EXIT, 0), (EventKind.EXIT, 1)], exits
-    assert all(e.detail["code"] == 143 for e in exits)
+    assert all(e.code == 143 for e in exits)
     assert all(process.wait(timeout=10) == 143 for process in agents)
     assert "saved" in agents[0].stdout.read()

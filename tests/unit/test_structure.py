@@ -66,6 +66,9 @@ PURE = {
     "gaudi_cluster.wire.node_report",
     "gaudi_cluster.wire.node_spec",
     "gaudi_cluster.wire.protocol",
+    "gaudi_cluster.wire.messages",
+    "gaudi_cluster.wire.fields",
+    "gaudi_cluster.rank.agent_beat",
 }
 EDGES = {"subprocess", "socket", "threading", "shutil", "glob", "tempfile"}
 # What reaches the file system, the environment or the clock of the process, as a pure module must not:

@@ -26,9 +26,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from gaudi_cluster.rank import jobdir, procgroup, relay_join
+from gaudi_cluster.rank import agent_beat, jobdir, procgroup, relay_join
 from gaudi_cluster.rank.conventions import output_dir_in, rank_identity, with_local_rank
-from gaudi_cluster.wire import protocol
+from gaudi_cluster.wire import messages
 from gaudi_cluster.wire.channel import Channel
 from gaudi_cluster.wire.protocol import BEAT_INTERVAL_S
 
@@ -155,7 +155,7 @@ class RankAgent:
 
     # --- control channel ------------------------------------------------------------------------
 
-    def beat_message(self) -> dict[str, object]:
+    def beat_message(self) -> messages.Beat:
         """Progress measured on this node only: the age of the last step in the progress file, else of
         the last output line (any user script), and each new step's work time, once."""
         try:
@@ -163,7 +163,7 @@ class RankAgent:
         except (OSError, ValueError):
             progress = None
         last = self.tail[-1] if self.tail else None
-        message, self.work_sent = protocol.beat(
+        message, self.work_sent = agent_beat.beat(
             progress if isinstance(progress, dict) else None,
             self.work_sent,
             time.monotonic() - self.last_output,
@@ -176,25 +176,24 @@ class RankAgent:
     def listen(self) -> None:
         assert self.channel is not None
         while True:
-            message = self.channel.receive()
+            message = self.channel.receive(messages.FROM_MASTER)
             if message is None:
                 if self.child is not None and self.child.poll() is None:
                     self.stop_child(
                         "the master closed the control channel (master stopped or lost)", ORPHAN_GRACE_S
                     )
                 return
-            if not isinstance(message, dict) or message.get("type") == "unauthenticated":
-                # Only the master's sealed messages count: an injected stop (or beat) changes nothing.
+            if isinstance(message, messages.Dropped):
+                # Only what the relay passes on from the master counts: nothing else changes anything.
                 self.ignored += 1
-                if self.ignored <= 3:  # a stream of forgeries must not become a stream of lines
-                    why = message.get("reason") if isinstance(message, dict) else "not JSON"
-                    self.say(f"ignored a control message without the session's MAC ({why})")
+                if self.ignored <= 3:  # a stream of them must not become a stream of lines
+                    self.say(f"ignored a control message ({message.reason})")
                 continue
             self.last_beat = time.monotonic()
-            if message.get("type") == "stop":
-                grace = message.get("grace")
-                grace_s = float(grace) if isinstance(grace, int | float) and 0 <= grace < 3600 else 10.0
-                self.stop_child(str(message.get("reason") or "the master stopped the job")[:200], grace_s)
+            if isinstance(message, messages.Stop):
+                grace = message.grace
+                grace_s = grace if grace is not None and grace < 3600 else 10.0
+                self.stop_child((message.reason or "the master stopped the job")[:200], grace_s)
 
     def beat(self) -> None:
         assert self.channel is not None and self.child is not None
@@ -217,12 +216,12 @@ class RankAgent:
                         f"no secret for job {self.job_id} in {self.job_dir} (the master stages it before "
                         "launching); fix: start ranks through gaudi-cluster"
                     )
-                me = {"rank": self.rank, "host": self.host, "pid": os.getpid(), "local_rank": self.local_rank}
+                me = messages.Join(self.host, self.rank, os.getpid(), self.node, self.local_rank)
                 self.channel = relay_join.join(
                     self.job_dir,
                     self.job_id,
                     self.control_address,
-                    {**me, "node": self.node},
+                    me,
                     self.connect_timeout_s,
                     self.heartbeat_timeout_s,
                 )
@@ -266,15 +265,7 @@ class RankAgent:
     def _report(self, code: int, signum: int | None) -> None:
         if self.channel is None:
             return
-        self.channel.send(
-            {
-                "type": "exit",
-                "code": code,
-                "signal": signum,
-                "tail": list(self.tail),
-                "stop_reason": self.stop_reason,
-            }
-        )
+        self.channel.send(messages.Exit(code, signum, tuple(self.tail), self.stop_reason))
         self.channel.close()
 
     def _forward_signals(self) -> list[int]:

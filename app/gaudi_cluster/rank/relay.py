@@ -28,12 +28,12 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from gaudi_cluster.rank import jobdir
 from gaudi_cluster.rank.relay_beats import NodeBeats
-from gaudi_cluster.wire import protocol
+from gaudi_cluster.wire import messages, protocol
 from gaudi_cluster.wire.channel import Channel, Identity, connect_and_authenticate
 
 SOCKET_NAME = "control.sock"
@@ -73,7 +73,8 @@ class Relay:
         self.last_master = time.monotonic()
         self.last_leave = time.monotonic()
         self.joined_any = False
-        self.ignored = 0  # the master's messages dropped for want of the session's MAC
+        self.ignored = 0  # the master's lines dropped (no session MAC, or no message for a relay)
+        self.dropped = 0  # the agents' lines dropped (logged: the first few)
         self.done = threading.Event()
 
     # --- the master's side ----------------------------------------------------------------------
@@ -94,37 +95,46 @@ class Relay:
         # send blocked this long (its window full) fails instead of hanging the relay.
         self.master.settimeout(self.heartbeat_timeout_s)
 
-    def send_master(self, message: dict[str, Any]) -> None:
+    def send_master(self, message: messages.Message) -> None:
         assert self.master is not None
         self.master.send(message)
 
     def from_master(self) -> None:
         assert self.master is not None
-        while (message := self.master.receive()) is not None:
-            if not isinstance(message, dict) or message.get("type") == "unauthenticated":
-                # Only the master's sealed messages count: an injected stop (or beat) changes nothing.
-                self.ignored += 1
-                if self.ignored <= 3:  # a stream of forgeries must not become a stream of lines
-                    why = message.get("reason") if isinstance(message, dict) else "not JSON"
-                    say(f"ignored a control message without the session's MAC ({why})")
-                continue
-            self.last_master = time.monotonic()
-            kind = message.get("type")
-            if kind in ("seated", "refused"):
-                with self.lock:
-                    link = self.joining.pop(message.get("rank", -1), None)
-                    if link is not None and kind == "seated":
-                        self.links[link.rank] = link  # type: ignore[index]
-                if link is not None:
-                    link.channel.send({k: v for k, v in message.items() if k not in ("seq", "mac")})
-                    if kind == "refused":
-                        link.channel.close()
-            elif kind in ("stop", "beat"):
-                self.to_agents({k: v for k, v in message.items() if k not in ("seq", "mac")})
-        # The master is gone: every agent is cut off (and stops its rank), then the relay ends.
-        for link in self.all_links():
-            link.channel.close()
-        self.done.set()
+        try:
+            while (message := self.master.receive(messages.FROM_MASTER)) is not None:
+                try:
+                    self._from_master(message)
+                except Exception as error:  # no line may end the node's link to the master
+                    self._ignore(f"handling it failed: {type(error).__name__}")
+        finally:
+            # The master is gone: every agent is cut off (and stops its rank), then the relay ends.
+            for link in self.all_links():
+                link.channel.close()
+            self.done.set()
+
+    def _ignore(self, why: str) -> None:
+        # Only the master's sealed messages count: an injected stop (or beat) changes nothing.
+        self.ignored += 1
+        if self.ignored <= 3:  # a stream of forgeries must not become a stream of lines
+            say(f"ignored a control message ({why})")
+
+    def _from_master(self, message: messages.Message | messages.Dropped) -> None:
+        if isinstance(message, messages.Dropped):
+            self._ignore(message.reason)
+            return
+        self.last_master = time.monotonic()
+        if isinstance(message, messages.Seated | messages.Refused):
+            with self.lock:
+                link = self.joining.pop(message.rank, None) if message.rank is not None else None
+                if link is not None and isinstance(message, messages.Seated):
+                    self.links[message.rank] = link
+            if link is not None:
+                link.channel.send(message)
+                if isinstance(message, messages.Refused):
+                    link.channel.close()
+        elif isinstance(message, messages.Stop | messages.Beat):
+            self.to_agents(message)
 
     def tick(self) -> None:
         """Once a second: the node's beats to the master; the relay's end once its agents are gone."""
@@ -142,7 +152,7 @@ class Relay:
         with self.lock:
             return [*self.links.values(), *self.joining.values()]
 
-    def to_agents(self, message: dict[str, Any]) -> None:
+    def to_agents(self, message: messages.Stop | messages.Beat) -> None:
         """A stop or a beat from the master, to every seated agent (one still joining waits for its seat)."""
         with self.lock:
             seated = list(self.links.values())
@@ -153,32 +163,39 @@ class Relay:
         link = _Link(channel)
         try:
             self._serve(link)
+        except Exception as error:  # one agent's trouble ends its link, never the relay
+            self._drop(f"serving an agent failed: {type(error).__name__}")
         finally:
             self._leave(link)
 
+    def _drop(self, why: str) -> None:
+        with self.lock:
+            self.dropped += 1
+            first = self.dropped <= 3
+        if first:  # an agent's lines are this user's own, but a stream of them is not a stream of logs
+            say(f"dropped a line from an agent ({why})")
+
     def _serve(self, link: _Link) -> None:
-        while (message := link.channel.receive()) is not None:
-            if not isinstance(message, dict):
-                continue
-            kind = message.get("type")
-            if (
-                kind == "join"
-                and link.rank is None
-                and protocol.problem(message, protocol.NODE_SESSION_MESSAGES) is None
-            ):
-                link.rank = message["rank"]
+        while (message := link.channel.receive(messages.FROM_AGENT)) is not None:
+            if isinstance(message, messages.Dropped):
+                self._drop(message.reason)
+            elif isinstance(message, messages.Join):
+                if link.rank is not None:
+                    self._drop(f"a second join on rank {link.rank}'s link")
+                    continue
+                link.rank = message.rank
                 with self.lock:
-                    self.joining[link.rank] = link  # type: ignore[index]
+                    self.joining[message.rank] = link
                     self.joined_any = True
-                self.send_master({**message, "node": self.node})
+                self.send_master(replace(message, node=self.node))
             elif link.rank is None:
-                continue
-            elif kind == "beat" and protocol.problem(message, protocol.SESSION_MESSAGES) is None:
+                self._drop(f"a {message.TYPE.value} before the join")
+            elif isinstance(message, messages.Beat):
                 with self.lock:
                     self.beats.record(link.rank, message)
-            elif kind == "exit" and protocol.problem(message, protocol.SESSION_MESSAGES) is None:
+            elif isinstance(message, messages.Exit):
                 link.exited = True
-                self.send_master({**message, "rank": link.rank})
+                self.send_master(replace(message, rank=link.rank))
 
     def _leave(self, link: _Link) -> None:
         link.channel.close()
@@ -191,9 +208,7 @@ class Relay:
                 del self.joining[link.rank]
             self.last_leave = time.monotonic()
         if seated and not link.exited and not self.done.is_set():
-            self.send_master(
-                {"type": "gone", "rank": link.rank, "reason": "its agent left the node relay without an exit"}
-            )
+            self.send_master(messages.Gone(link.rank, "its agent left the node relay without an exit"))  # type: ignore[arg-type]
 
     def accept(self, listener: socket.socket) -> None:
         while not self.done.is_set():

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from gaudi_cluster.rank.relay import SOCKET_NAME, socket_path
-from gaudi_cluster.wire import protocol
+from gaudi_cluster.wire import messages, protocol
 from gaudi_cluster.wire.channel import Channel
 
 RELAY_MODULE_ARGS = (sys.executable, "-u", "-m", "gaudi_cluster.rank.relay")
@@ -29,7 +29,7 @@ RELAY_GRACE_S = 3.0
 
 
 def join(
-    job_dir: Path, job_id: str, control: str, member: dict[str, object], timeout_s: float, heartbeat_s: float
+    job_dir: Path, job_id: str, control: str, member: messages.Join, timeout_s: float, heartbeat_s: float
 ) -> Channel:
     """This rank's seated link to its node's relay; ConnectionError (with the master's or the
     relay's reason) when the rank may not start."""
@@ -37,14 +37,18 @@ def join(
     relay = [*RELAY_MODULE_ARGS, "--job-id", job_id, "--job-root", str(job_dir.parent), "--control", control]
     channel = _relay_link(job_dir, [*relay, "--heartbeat-timeout", str(heartbeat_s)], deadline)
     channel.settimeout(max(1.0, deadline - time.monotonic()))
-    channel.send({"type": "join", **member})
-    answer = channel.receive()
+    channel.send(member)
+    answer = channel.receive(messages.FROM_MASTER)
     channel.settimeout(None)
-    if isinstance(answer, dict) and answer.get("type") == "seated":
+    if isinstance(answer, messages.Seated):
         return channel
     channel.close()
-    why = answer.get("reason") if isinstance(answer, dict) else channel.close_reason or "no answer"
-    raise ConnectionError(f"the master refused this rank: {str(why)[:200]}")
+    if isinstance(answer, messages.Refused | messages.Dropped):
+        why = messages.shown(answer.reason, 200)[1:-1]
+    else:
+        out_of_turn = "no answer" if answer is None else f"a {answer.TYPE.value} before the seat"
+        why = channel.close_reason or out_of_turn
+    raise ConnectionError(f"the master refused this rank: {why}")
 
 
 def _relay_link(job_dir: Path, relay_args: list[str], deadline: float) -> Channel:

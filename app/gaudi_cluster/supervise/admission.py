@@ -14,9 +14,8 @@ import logging
 import threading
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from gaudi_cluster.wire import protocol
+from gaudi_cluster.wire import messages, protocol
 from gaudi_cluster.wire.channel import Channel
 
 log = logging.getLogger("gaudi_cluster.supervise.control")
@@ -140,7 +139,7 @@ class Gate:
         channel.settimeout(protocol.HANDSHAKE_TIMEOUT_S)
         channel.send(handshake.challenge)
         while True:
-            message = channel.receive()
+            message = channel.receive(messages.TO_MASTER_HANDSHAKE)
             if message is None:
                 raise handshake.ended(channel.close_reason)
             answer = handshake.receive(message)
@@ -158,66 +157,73 @@ class Handshake:
         """seated: whether a rank (int) or a node's relay (its name) holds a seat already."""
         self._gate, self._peer, self._seated = gate, peer, seated
         self._nonce = protocol.new_nonce()
-        self.challenge = {"type": "challenge", "nonce": self._nonce, "job": gate.job_id}
-        self.due = "hello"
-        self._hello: dict[str, Any] = {}
+        self.challenge = messages.Challenge(self._nonce, gate.job_id)
+        self.due = messages.MessageType.HELLO
+        self._hello: messages.Hello | None = None
         self._key = ""
 
     def ended(self, why: str) -> Refused:
         """What to log of a connection that ended (or ran out of time) before its handshake did."""
-        return Refused(f"no {self.due} within {protocol.HANDSHAKE_TIMEOUT_S:.0f}s ({why})")
+        return Refused(f"no {self.due.value} within {protocol.HANDSHAKE_TIMEOUT_S:.0f}s ({why})")
 
-    def receive(self, message: Any) -> dict[str, Any] | Seat:
-        why = protocol.problem(message)
-        if why is None and message["type"] != self.due:
-            why = f"{message['type']} where a {self.due} was due"
-        if why is not None:
-            raise Refused(why)
-        if self.due == "hello":
-            if protocol.is_node_hello(message):  # its MACs name the node's rank
-                message = {**message, "rank": protocol.NODE_RANK}
+    def receive_line(self, line: bytes) -> messages.Welcome | Seat:
+        """The next line of the peer, as the master's loop reads it."""
+        try:
+            message: messages.Message | messages.Dropped = messages.parse_line(
+                line, messages.TO_MASTER_HANDSHAKE
+            )
+        except messages.BadMessage as error:
+            message = messages.Dropped(str(error))
+        return self.receive(message)
+
+    def receive(self, message: messages.Message | messages.Dropped) -> messages.Welcome | Seat:
+        if isinstance(message, messages.Dropped):
+            raise Refused(message.reason)
+        if message.TYPE is not self.due:
+            raise Refused(f"{message.TYPE.value} where a {self.due.value} was due")
+        if isinstance(message, messages.Hello):
             welcome = self._welcome(message)
-            self._hello, self.due = message, "proof"
+            self._hello, self.due = message, messages.MessageType.PROOF
             return welcome
+        assert isinstance(message, messages.Proof)
         return self._seat(message)
 
-    def _names(self, hello: Mapping[str, Any]) -> tuple[str, str, str, str, str, int]:
-        return (self._nonce, hello["nonce"], self._gate.job_id, hello["node"], hello["host"], hello["rank"])
+    def _names(self, hello: messages.Hello) -> tuple[str, str, str, str, str, int]:
+        return (self._nonce, hello.nonce, self._gate.job_id, hello.node, hello.host, hello.rank)
 
-    def _welcome(self, hello: Mapping[str, Any]) -> dict[str, Any]:
+    def _welcome(self, hello: messages.Hello) -> messages.Welcome:
         gate = self._gate
-        if hello["job"] != gate.job_id:
-            raise Refused(f"hello for another job ({hello['job'][:40]!r})")
-        host, node = hello["host"], hello["node"]
-        if protocol.is_node_hello(hello):
+        if hello.job != gate.job_id:
+            raise Refused(f"hello for another job ({messages.shown(hello.job)})")
+        host, node = hello.host, hello.node
+        if hello.is_node:
             who = f"the relay of node {node[:64]!r}"
             if host not in gate._node_hosts.get(node, ()):
                 raise Refused(f"{who} on host {host[:64]!r}: no rank of this job was launched there")
         else:
-            who = f"rank {hello['rank']}"
-            if gate._expected.get(hello["rank"]) != host or gate._nodes.get(hello["rank"]) != node:
+            who = f"rank {hello.rank}"
+            if gate._expected.get(hello.rank) != host or gate._nodes.get(hello.rank) != node:
                 raise Refused(
                     f"{who} on host {host[:64]!r} (node {node[:64]!r}) was not launched by this job"
                 )
         if gate._checks_addresses and self._peer not in gate._addresses.get(node, ()):
             raise Refused(f"{who} claims node {node[:64]!r} but connects from {self._peer}, not its address")
         # Said before the welcome: the agent learns it while it still listens.
-        if self._seated(hello["rank"] if hello["rank"] != protocol.NODE_RANK else node):
+        if self._seated(node if hello.is_node else hello.rank):
             raise Refused(f"{who} is already connected")
         self._key = protocol.node_key(gate._secret, node)
-        return {"type": "welcome", "mac": protocol.welcome_mac(self._key, *self._names(hello))}
+        return messages.Welcome(protocol.welcome_mac(self._key, *self._names(hello)))
 
-    def _seat(self, proof: Mapping[str, Any]) -> Seat:
+    def _seat(self, proof: messages.Proof) -> Seat:
         hello = self._hello
-        if not protocol.same_mac(protocol.proof_mac(self._key, *self._names(hello)), proof["mac"]):
-            raise Refused(f"wrong key for node {hello['node'][:64]!r} (rank {hello['rank']})")
+        assert hello is not None
+        if not protocol.same_mac(protocol.proof_mac(self._key, *self._names(hello)), proof.mac):
+            raise Refused(f"wrong key for node {hello.node[:64]!r} (rank {hello.rank})")
         session = protocol.Session(
-            protocol.session_key(self._key, self._nonce, hello["nonce"], self._gate.job_id, hello["rank"]),
+            protocol.session_key(self._key, self._nonce, hello.nonce, self._gate.job_id, hello.rank),
             "master",
         )
-        return Seat(
-            hello["rank"], hello["host"], hello["pid"], hello.get("local_rank", 0), session, hello["node"]
-        )
+        return Seat(hello.rank, hello.host, hello.pid, hello.local_rank, session, hello.node)
 
 
 def _room_per_address(nodes: Mapping[int, str], addresses: Mapping[str, frozenset[str]]) -> dict[str, int]:

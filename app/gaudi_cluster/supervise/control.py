@@ -25,24 +25,24 @@ import queue
 import socket
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from gaudi_cluster.supervise.admission import Gate, Handshake, Refused, Seat
 from gaudi_cluster.supervise.ranks import RankTable
 from gaudi_cluster.supervise.serving import Connection, SelectorServer
 from gaudi_cluster.view.history import WorkHistory
 from gaudi_cluster.view.jobview import AgentState
-from gaudi_cluster.wire import protocol
-from gaudi_cluster.wire.channel import decode, encode
+from gaudi_cluster.wire import messages, protocol
+from gaudi_cluster.wire.channel import encode
 
 log = logging.getLogger("gaudi_cluster.supervise.control")
+_MASTER_BEAT = messages.Beat()
 
 
 class EventKind(enum.Enum):
-    HELLO = "hello"  # a rank's agent was admitted (detail: pid)
-    EXIT = "exit"  # a rank ended (detail: code, signal, tail, stop_reason)
-    LOST = "lost"  # a rank's connection closed or its heartbeats stopped (detail: reason)
+    HELLO = "hello"  # a rank's agent was admitted (pid)
+    EXIT = "exit"  # a rank ended (code, signal, tail, stop_reason)
+    LOST = "lost"  # a rank's connection closed or its heartbeats stopped (reason)
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,12 @@ class ControlEvent:
     kind: EventKind
     host: str
     rank: int
-    detail: dict[str, Any] = field(default_factory=dict)
+    pid: int = 0
+    code: int = 1
+    signal: int | None = None
+    tail: tuple[str, ...] = ()
+    stop_reason: str | None = None
+    reason: str = ""
 
 
 class _Agent(Connection):
@@ -127,7 +132,7 @@ class ControlServer(SelectorServer):
     def stop_all(self, grace_s: float) -> None:
         """Ask every connected agent to stop its rank (SIGTERM, then SIGKILL after grace_s); returns
         at once, the loop sends."""
-        self.call(lambda: self._send_all({"type": "stop", "grace": grace_s}))
+        self.call(lambda: self._send_all(messages.Stop(grace=grace_s)))
 
     # --- the loop's thread ----------------------------------------------------------------------
 
@@ -157,22 +162,22 @@ class ControlServer(SelectorServer):
         return rank_or_node in self.ranks
 
     def _line(self, conn: Connection, line: bytes) -> None:
+        """One line of a peer: a step of its handshake, or (authentic and next in order, and well
+        formed) a message of its session; anything else is dropped and logged, the connection kept."""
         assert isinstance(conn, _Agent)
-        self._receive(conn, decode(line))
-
-    def _receive(self, conn: _Agent, message: Any) -> None:
         if conn.handshake is not None:
-            self._handshake_step(conn, conn.handshake, message)
+            self._handshake_step(conn, conn.handshake, line)
             return
         assert conn.session is not None
-        why = conn.session.open(message)
-        allowed = protocol.NODE_SESSION_MESSAGES if conn.node is not None else protocol.SESSION_MESSAGES
-        if why is not None:
-            why = f"ignored a message without a valid session MAC ({why})"
-        else:
-            why = protocol.problem(message, allowed)
-        if why is not None:
+        allowed = messages.FROM_RELAY_SESSION if conn.node is not None else messages.FROM_AGENT_SESSION
+        try:
+            message = messages.parse_line(conn.session.open(line), allowed)
+        except protocol.Unsealed as error:
+            why = f"ignored a message without a valid session MAC ({error})"
             self.gate.refuse(conn.who(), f"dropped a message: {why}")
+            return
+        except messages.BadMessage as error:
+            self.gate.refuse(conn.who(), f"dropped a message: {error}")
             return
         if conn.node is not None:
             self._record_for_node(conn, message)
@@ -180,15 +185,15 @@ class ControlServer(SelectorServer):
             assert conn.agent is not None
             self._record(conn.agent, message)
 
-    def _handshake_step(self, conn: _Agent, handshake: Handshake, message: Any) -> None:
+    def _handshake_step(self, conn: _Agent, handshake: Handshake, line: bytes) -> None:
         try:
-            answer = handshake.receive(message)
+            answer = handshake.receive_line(line)
             if isinstance(answer, Seat):
                 self._seat(conn, answer)
             else:
                 self._send(conn, answer)
         except Refused as refused:
-            self._send(conn, {"type": "refused", "reason": str(refused)})
+            self._send(conn, messages.Refused(str(refused)))
             self.gate.refuse(conn.peer, str(refused))
             self._close(conn)
         except Exception as error:  # whatever a hostile peer makes of the handshake, its slot comes back
@@ -213,7 +218,7 @@ class ControlServer(SelectorServer):
         conn.session, conn.agent = seat.session, agent
         self._by_rank[seat.rank] = conn
         self._sessions.add(conn)
-        self.events.put(ControlEvent(EventKind.HELLO, agent.host, agent.rank, {"pid": agent.pid}))
+        self.events.put(ControlEvent(EventKind.HELLO, agent.host, agent.rank, pid=agent.pid))
 
     def _end_handshake(self, conn: _Agent) -> None:
         conn.handshake = None
@@ -252,72 +257,75 @@ class ControlServer(SelectorServer):
         if self._by_rank.get(agent.rank) is conn:
             del self._by_rank[agent.rank]
         if not self.ranks.unseat(agent) and not self._stopping.is_set():
-            self.events.put(ControlEvent(EventKind.LOST, agent.host, agent.rank, {"reason": reason}))
+            self.events.put(ControlEvent(EventKind.LOST, agent.host, agent.rank, reason=reason))
 
     # --- writing --------------------------------------------------------------------------------
 
-    def _send(self, conn: _Agent, message: dict[str, Any]) -> None:
+    def _send(self, conn: _Agent, message: messages.Message) -> None:
         if not conn.closed:
-            self._write(conn, encode(conn.session.seal(message) if conn.session is not None else message))
+            fields = messages.render(message)
+            self._write(conn, conn.session.seal(fields) if conn.session is not None else encode(fields))
 
-    def _send_all(self, message: dict[str, Any]) -> None:
+    def _send_all(self, message: messages.Message) -> None:
         for conn in list(self._sessions):
             self._send(conn, message)
 
     # --- what the agents say, and their silence -------------------------------------------------
 
-    def _record(self, agent: AgentState, message: dict[str, Any]) -> None:
-        if message["type"] == "beat":
+    def _record(self, agent: AgentState, message: messages.Message) -> None:
+        if isinstance(message, messages.Beat):
             self.ranks.heard([agent], self._clock(), message)
-        else:
+        elif isinstance(message, messages.Exit):
             self._exited(agent, message)
 
-    def _exited(self, agent: AgentState, message: dict[str, Any]) -> None:
+    def _exited(self, agent: AgentState, message: messages.Exit) -> None:
         self.ranks.exited(agent, self._clock())
-        detail = {**message, "tail": protocol.trimmed_tail(message.get("tail", []))}
-        detail.pop("rank", None)
-        self.events.put(ControlEvent(EventKind.EXIT, agent.host, agent.rank, detail))
+        tail = protocol.trimmed_tail(message.tail)
+        event = ControlEvent(
+            EventKind.EXIT, agent.host, agent.rank, code=message.code, signal=message.signal, tail=tail,
+            stop_reason=message.stop_reason,
+        )  # fmt: skip
+        self.events.put(event)
 
-    def _record_for_node(self, conn: _Agent, message: dict[str, Any]) -> None:
+    def _record_for_node(self, conn: _Agent, message: messages.Message) -> None:
         """A relay's message: a rank joining, the node's beats, a rank's exit or its agent gone."""
-        now, kind = self._clock(), message["type"]
-        if kind == "join":
+        now = self._clock()
+        if isinstance(message, messages.Join):
             self._join(conn, message)
             return
-        if kind == "beats":
-            self.ranks.heard_node(conn.ranks, now, message["ranks"])
+        if isinstance(message, messages.Beats):
+            self.ranks.heard_node(conn.ranks, now, message.ranks)
             return
         self.ranks.heard(conn.ranks.values(), now)
-        if (agent := conn.ranks.get(message["rank"])) is None:
+        if not isinstance(message, messages.Exit | messages.Gone) or message.rank is None:
+            self.gate.refuse(conn.who(), "dropped a message: a relay's exit names no rank")
             return
-        if kind == "exit":
+        if (agent := conn.ranks.get(message.rank)) is None:
+            return
+        if isinstance(message, messages.Exit):
             self._exited(agent, message)
         else:  # gone: its agent left the relay without an exit
             del conn.ranks[agent.rank]
-            self._unseat(conn, agent, f"connection closed ({message['reason'][:200]})")
+            self._unseat(conn, agent, f"connection closed ({message.reason[:200]})")
 
-    def _join(self, conn: _Agent, message: dict[str, Any]) -> None:
+    def _join(self, conn: _Agent, message: messages.Join) -> None:
         assert conn.node is not None
-        rank, host = message["rank"], message["host"]
+        rank, host = message.rank, message.host
         why = self.gate.check_join(conn.node, rank, host)
         if why is None and self._seated(rank):
             why = f"rank {rank} is already connected"
         if why is not None:
             self.gate.refuse(conn.who(), why)
-            self._send(conn, {"type": "refused", "rank": rank, "reason": why})
+            self._send(conn, messages.Refused(why, rank))
             return
         agent = AgentState(
-            host=host,
-            rank=rank,
-            pid=message["pid"],
-            last_seen=self._clock(),
-            local_rank=message.get("local_rank", 0),
+            host=host, rank=rank, pid=message.pid, last_seen=self._clock(), local_rank=message.local_rank
         )
         self.ranks.seat(agent)
         conn.ranks[rank] = agent
         self._by_rank[rank] = conn
-        self._send(conn, {"type": "seated", "rank": rank})
-        self.events.put(ControlEvent(EventKind.HELLO, host, rank, {"pid": agent.pid}))
+        self._send(conn, messages.Seated(rank))
+        self.events.put(ControlEvent(EventKind.HELLO, host, rank, pid=agent.pid))
 
     def _expire_handshakes(self) -> None:
         now = self._clock()
@@ -334,7 +342,7 @@ class ControlServer(SelectorServer):
         beating = {conn for rank in live if (conn := self._by_rank.get(rank)) is not None}
         beating.update(self._relays.values())  # a relay still joining its ranks hears the master too
         for conn in beating:
-            self._send(conn, {"type": "beat"})
+            self._send(conn, _MASTER_BEAT)
         for agent, silent_for in lost:
             reason = f"no heartbeat for {silent_for:.0f}s (network partition or frozen node)"
-            self.events.put(ControlEvent(EventKind.LOST, agent.host, agent.rank, {"reason": reason}))
+            self.events.put(ControlEvent(EventKind.LOST, agent.host, agent.rank, reason=reason))

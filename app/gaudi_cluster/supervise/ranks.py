@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from typing import Any
 
 from gaudi_cluster.view.history import WorkHistory
 from gaudi_cluster.view.jobview import AgentState, median_work
+from gaudi_cluster.wire.messages import Beat
 
 RECENT_WORK = 16  # the live view's window (jobview.WINDOW) after the warm-up, with room
 
@@ -73,7 +73,7 @@ class RankTable:
                 self._finished_work[agent.rank] = agent.work_history
             return agent.exited
 
-    def heard(self, agents: Iterable[AgentState], now: float, beat: dict[str, Any] | None = None) -> None:
+    def heard(self, agents: Iterable[AgentState], now: float, beat: Beat | None = None) -> None:
         """A sign of life for these ranks (a relay's word is every rank of its node's), with one
         rank's beat when it carries one."""
         with self._lock:
@@ -82,13 +82,13 @@ class RankTable:
                 if beat is not None:
                     _apply_beat(agent, beat, now)
 
-    def heard_node(self, agents: dict[int, AgentState], now: float, beats: list[dict[str, Any]]) -> None:
+    def heard_node(self, agents: dict[int, AgentState], now: float, beats: Iterable[Beat]) -> None:
         """A relay's `beats`: every rank of its node heard from, each entry applied to its rank."""
         with self._lock:
             for agent in agents.values():
                 agent.last_seen = now
             for beat in beats:
-                if (agent := agents.get(beat["rank"])) is not None:
+                if beat.rank is not None and (agent := agents.get(beat.rank)) is not None:
                     _apply_beat(agent, beat, now)
 
     def exited(self, agent: AgentState, now: float) -> None:
@@ -111,18 +111,19 @@ class RankTable:
         return live, lost
 
 
-def _apply_beat(agent: AgentState, beat: dict[str, Any], now: float) -> None:
-    """One rank's beat (from its agent, or its entry in its relay's beats): a field left out is
-    unchanged since the last one. Types were checked on arrival (protocol)."""
-    if "step" in beat:
-        agent.step = beat["step"]
-    if (age := beat.get("progress_age")) is not None:
-        agent.progress_age, agent.progress_received = float(age), now
-    agent.max_steps = beat.get("max_steps", agent.max_steps)
-    agent.samples_per_step = beat.get("samples_per_step", agent.samples_per_step)
-    agent.last_line = beat.get("last_line") or agent.last_line
-    if work := beat.get("work"):
-        pairs = tuple((step, seconds) for step, seconds in work)
+def _apply_beat(agent: AgentState, beat: Beat, now: float) -> None:
+    """One rank's beat (from its agent, or its entry in its relay's beats): a field left out (None)
+    is unchanged since the last one."""
+    if beat.step is not None:
+        agent.step = beat.step
+    if beat.progress_age is not None:
+        agent.progress_age, agent.progress_received = beat.progress_age, now
+    if beat.max_steps is not None:
+        agent.max_steps = beat.max_steps
+    if beat.samples_per_step is not None:
+        agent.samples_per_step = beat.samples_per_step
+    agent.last_line = beat.last_line or agent.last_line
+    if pairs := beat.work:
         agent.recent_work = (agent.recent_work + pairs)[-RECENT_WORK:]
         agent.work_history.extend(pairs)  # bounded by the history itself
         median_work(agent)  # once here, for every reader of the copies

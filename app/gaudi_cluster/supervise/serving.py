@@ -147,7 +147,12 @@ class SelectorServer:
                     self._read(what)
             except Exception as error:  # one peer's trouble never ends the loop that serves them all
                 log.exception("control channel: serving %s failed", what.peer)
-                self._ended(what, f"failed: {type(error).__name__}")
+                try:
+                    self._ended(what, f"failed: {type(error).__name__}")
+                except Exception:
+                    log.exception("control channel: ending %s failed", what.peer)
+                finally:
+                    self._close(what)  # whatever _ended made of it, the connection is closed
 
     def _run_commands(self) -> None:
         while self._commands:

@@ -267,16 +267,14 @@ class Supervisor:
                 self.on_all_started = None
             return None
         if event.kind is EventKind.EXIT:
-            code = int(event.detail.get("code", 1))
-            signum = event.detail.get("signal")
-            tail = tuple(event.detail.get("tail") or ())
+            code, signum, tail = event.code, event.signal, event.tail
             if code == 0:
                 finished.add(event.rank)
                 return None
             if signum:
                 return RankFailure.signalled(event.host, event.rank, int(signum), code, tail)
             return RankFailure.exited(event.host, event.rank, code, tail)
-        reason = event.detail.get("reason", "lost")
+        reason = event.reason or "lost"
         self.lost_hosts.add(event.host)
         return RankFailure.lost(event.host, event.rank, reason)
 

@@ -4,7 +4,7 @@ One TCP connection per node (its relay's, `rank.relay`; an agent started by hand
 carries newline-delimited JSON both ways (lines of at most protocol.MAX_LINE bytes); the same
 `Channel` carries the agents' lines to their relay over a Unix socket, unsealed. The master's
 server is in `control`; it reads without blocking, so it cuts its bytes into lines with a
-`LineBuffer` and decodes them with `decode` like `Channel` does.
+`LineBuffer` and parses them with `messages` like `Channel` does.
 """
 
 from __future__ import annotations
@@ -14,17 +14,18 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gaudi_cluster.wire import protocol
+from gaudi_cluster.wire import messages, protocol
 
 
 class Channel:
     """A socket speaking newline-delimited JSON (lines of at most protocol.MAX_LINE bytes), safe to
     send on from several threads. Once the handshake set a `session`, every message sent is sealed
-    and every message received must be authentic and next in order: one that is not comes back as
-    {"type": "unauthenticated", "reason": ...}, for the caller to drop and log."""
+    and every line received must be authentic and next in order: one that is not (or that is no
+    message the reader takes) comes back as `messages.Dropped`, for the caller to drop and log."""
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
@@ -38,20 +39,25 @@ class Channel:
     def settimeout(self, seconds: float | None) -> None:
         self._sock.settimeout(seconds)
 
-    def send(self, message: dict[str, Any]) -> bool:
+    def send(self, message: messages.Message | Mapping[str, Any]) -> bool:
+        """Send a typed message (a mapping: its fields as they are, which only a test forging one needs)."""
+        fields = messages.render(message) if not isinstance(message, Mapping) else message
         with self._send_lock:
             if self.closed:
                 return False
-            sealed = self.session.seal(message) if self.session is not None else message
+            line = self.session.seal(fields) if self.session is not None else encode(fields)
             try:
-                self._sock.sendall(encode(sealed))
+                self._sock.sendall(line)
                 return True
             except OSError:
                 self.closed = True
                 return False
 
-    def receive(self) -> Any:
-        """The next decoded line ({} when it is not JSON), or None once the connection is over."""
+    def receive(
+        self, allowed: Collection[messages.MessageType] = messages.ANY
+    ) -> messages.Message | messages.Dropped | None:
+        """The next message of the allowed kinds; Dropped (with why) for a line that is none (or, in a
+        session, is not authentic and next in order); None once the connection is over."""
         try:
             line = self._reader.readline(protocol.MAX_LINE + 1)
         except (OSError, ValueError) as error:  # ValueError: read on a file closed by another thread
@@ -67,11 +73,14 @@ class Channel:
             self.close()
             self.close_reason = f"a line over {protocol.MAX_LINE} bytes"
             return None
-        message = decode(line)
-        if self.session is None:
-            return message
-        why = self.session.open(message)
-        return message if why is None else {"type": "unauthenticated", "reason": why}
+        try:
+            body = self.session.open(line) if self.session is not None else line
+        except protocol.Unsealed as error:
+            return messages.Dropped(f"without the session's MAC: {error}")
+        try:
+            return messages.parse_line(body, allowed)
+        except messages.BadMessage as error:
+            return messages.Dropped(str(error))
 
     def close(self) -> None:
         self.closed = True
@@ -80,17 +89,9 @@ class Channel:
         self._sock.close()
 
 
-def encode(message: dict[str, Any]) -> bytes:
+def encode(message: Mapping[str, Any]) -> bytes:
     """One message as its line on the wire."""
     return (json.dumps(message, separators=(",", ":")) + "\n").encode()
-
-
-def decode(line: bytes) -> Any:
-    """A received line's message ({} when it is not JSON, as `Channel.receive` says it)."""
-    try:
-        return json.loads(line)
-    except (ValueError, RecursionError):  # "[" * 2000 nests past the parser's recursion limit
-        return {}
 
 
 class LineBuffer:
@@ -153,33 +154,40 @@ class Identity:
 
 def authenticate(channel: Channel, me: Identity) -> None:
     """The agent's side of the handshake: the master proves it holds this node's key first; then this
-    agent proves it, and both seal every later message. ConnectionError when it fails."""
+    agent proves it, and both seal every later message. ConnectionError when it fails, whatever the
+    peer sent."""
     channel.settimeout(protocol.HANDSHAKE_TIMEOUT_S)
-    challenge = channel.receive()
-    if not isinstance(challenge, dict) or challenge.get("type") != "challenge":
-        raise ConnectionError(
-            f"the master sent no challenge ({channel.close_reason or 'unexpected message'})"
-        )
-    master_nonce, agent_nonce = str(challenge.get("nonce"))[:64], protocol.new_nonce()
-    hello = {"type": "hello", "job": me.job, "node": me.node, "host": me.host, "rank": me.rank}
-    if me.role != "rank":
-        hello["role"] = me.role
-    channel.send({**hello, "local_rank": me.local_rank, "pid": me.pid, "nonce": agent_nonce})
-    welcome = channel.receive()
-    if not isinstance(welcome, dict) or welcome.get("type") != "welcome":
-        why = welcome.get("reason") if isinstance(welcome, dict) else channel.close_reason
-        raise ConnectionError(f"the master refused this rank: {str(why or 'no answer')[:200]}")
+    challenge = channel.receive(messages.FROM_MASTER_HANDSHAKE)
+    if not isinstance(challenge, messages.Challenge):
+        raise ConnectionError(f"the master sent no challenge ({_why(channel, challenge)})")
+    master_nonce, agent_nonce = challenge.nonce, protocol.new_nonce()
+    hello = messages.Hello(
+        me.job, me.node, me.host, me.rank, me.pid, agent_nonce, local_rank=me.local_rank, role=me.role
+    )
+    channel.send(hello)
+    welcome = channel.receive(messages.FROM_MASTER_HANDSHAKE)
+    if not isinstance(welcome, messages.Welcome):
+        raise ConnectionError(f"the master refused this rank: {_why(channel, welcome)}")
     names = (master_nonce, agent_nonce, me.job, me.node, me.host, me.rank)
-    if not protocol.same_mac(protocol.welcome_mac(me.key, *names), welcome.get("mac")):
+    if not protocol.same_mac(protocol.welcome_mac(me.key, *names), welcome.mac):
         raise ConnectionError(
             "the peer at the control address does not prove this job's key (not this job's master, or "
             "this node's key is stale)"
         )
-    channel.send({"type": "proof", "mac": protocol.proof_mac(me.key, *names)})
+    channel.send(messages.Proof(protocol.proof_mac(me.key, *names)))
     channel.session = protocol.Session(
         protocol.session_key(me.key, master_nonce, agent_nonce, me.job, me.rank), role="agent"
     )
     channel.settimeout(None)
+
+
+def _why(channel: Channel, answer: messages.Message | messages.Dropped | None) -> str:
+    """What the master said instead of the step due (its refusal, or what was wrong with its line)."""
+    if isinstance(answer, messages.Refused | messages.Dropped):
+        return messages.shown(answer.reason, 200)[1:-1]
+    if answer is None:
+        return channel.close_reason or "no answer"
+    return f"a {answer.TYPE.value} out of turn"
 
 
 def connect_and_authenticate(address: str, me: Identity, timeout_s: float) -> Channel:

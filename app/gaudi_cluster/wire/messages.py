@@ -1,0 +1,345 @@
+"""Runs in every control-plane process (master, node relay, rank agent): the control channel's
+messages, typed. Pure.
+
+One frozen dataclass per kind (`MessageType`); a line becomes one only through `parse_line` /
+`parse` here, which check every field, and one goes out only through `render`. Whatever bytes
+arrive, the result is a message of a kind the reader expects or `BadMessage` with a one-line reason
+that quotes and cuts what it names (`fields`): a reader drops the line and carries on. Which
+reader takes which kinds is spelled out below (`FROM_...`): no reader compares a "type" string.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+from gaudi_cluster.wire import protocol
+from gaudi_cluster.wire.fields import (
+    BadMessage,
+    count,
+    decode,
+    hex64,
+    optional_count,
+    optional_number,
+    rank_of,
+    shown,
+    text,
+)
+
+__all__ = ["BadMessage", "decode", "shown"]  # the line checks, as every reader meets them
+
+
+class MessageType(enum.Enum):
+    CHALLENGE = "challenge"  # master -> agent or relay: the handshake's first word
+    HELLO = "hello"  # agent or relay -> master: who it is
+    WELCOME = "welcome"  # master -> agent or relay: the master proves the node's key
+    PROOF = "proof"  # agent or relay -> master: it proves the node's key
+    REFUSED = "refused"  # master -> agent or relay (and relay -> agent): turned away, with why
+    JOIN = "join"  # agent -> relay -> master: a rank asks for its seat
+    SEATED = "seated"  # master -> relay -> agent: the rank may start
+    BEAT = "beat"  # both ways: a sign of life (from an agent, its rank's progress)
+    BEATS = "beats"  # relay -> master: every rank of the node's beat, once a second
+    EXIT = "exit"  # agent -> relay -> master: a rank ended
+    GONE = "gone"  # relay -> master: an agent left without an exit
+    STOP = "stop"  # master -> relay -> agent: stop the rank
+
+
+# --- the messages ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Challenge:
+    nonce: str
+    job: str
+    TYPE: ClassVar[MessageType] = MessageType.CHALLENGE
+
+    @classmethod
+    def parse(cls, message: Mapping[str, Any]) -> Challenge:
+        return cls(hex64(message, "nonce"), text(message, "job", 128))
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """A rank's agent (role "rank") or a node's relay (role "node": its rank is protocol.NODE_RANK)."""
+
+    job: str
+    node: str
+    host: str
+    rank: int
+    pid: int
+    nonce: str
+    local_rank: int = 0
+    role: str = "rank"
+    TYPE: ClassVar[MessageType] = MessageType.HELLO
+
+    @property
+    def is_node(self) -> bool:
+        return self.role == "node"
+
+    @classmethod
+    def parse(cls, message: Mapping[str, Any]) -> Hello:
+        role = message.get("role", "rank")
+        if role not in ("rank", "node"):
+            raise BadMessage("role is neither rank nor node")
+        if role == "node":
+            if message.get("rank", protocol.NODE_RANK) != protocol.NODE_RANK:
+                raise BadMessage(f"a node's hello names rank {protocol.NODE_RANK} or none")
+            rank = protocol.NODE_RANK
+        else:
+            rank = count(message, "rank")
+        return cls(
+            job=text(message, "job", 128),
+            node=text(message, "node", 255),
+            host=text(message, "host", 255),
+            rank=rank,
+            pid=count(message, "pid"),
+            nonce=hex64(message, "nonce"),
+            local_rank=count(message, "local_rank", 0),
+            role=role,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    mac: str
+    TYPE: ClassVar[MessageType] = MessageType.WELCOME
+
+    @classmethod
+    def parse(cls, message: Mapping[str, Any]) -> Welcome:
+        return cls(hex64(message, "mac"))
+
+
+@dataclass(frozen=True, slots=True)
+class Proof:
+    mac: str
+    TYPE: ClassVar[MessageType] = MessageType.PROOF
+
+    @classmethod
+    def parse(cls, message: Mapping[str, Any]) -> Proof:
+        return cls(hex64(message, "mac"))
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """Turned away: a connection in its handshake (no rank), or one rank a relay asked to seat."""
+
+    reason: str
+    rank: int | None = None
+    TYPE: ClassVar[MessageType] = MessageType.REFUSED
+
+    @classmethod
+    def parse(cls, message: Mapping[str, Any]) -> Refused:
+        reason = message.get("reason")
+        if type(reason) is not str:
+            raise BadMessage("reason is not text")
+        return cls(reason[:1024], rank_of(message, required=False))
+
+
+@dataclass(frozen=True, slots=True)
+class Join:
+    """A rank's agent asks its relay (and the relay the master) for its seat."""
+
+    host: str
+    rank: int
+    pid: int
+    node: str
+    local_rank: int = 0
+    TYPE: ClassVar[MessageType] = MessageType.JOIN
+
+    @classmethod
+    def parse(cls, message: Mapping[str, Any]) -> Join:
+        return cls(
+            host=text(message, "host", 255),
+            rank=count(message, "rank"),
+            pid=count(message, "pid"),
+            node=text(message, "node", 255),
+            local_rank=count(message, "local_rank", 0),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Seated:
+    rank: int
+    TYPE: ClassVar[MessageType] = MessageType.SEATED
+
+    @classmethod
+    def parse(cls, message: Mapping[str, Any]) -> Seated:
+        return cls(count(message, "rank"))
+
+
+@dataclass(frozen=True, slots=True)
+class Beat:
+    """A sign of life. From an agent: its rank's progress (None: not known, or unchanged since the
+    last one in a relay's beats, where `rank` names whose it is). From the master: no fields."""
+
+    step: int | None = None
+    max_steps: int | None = None
+    samples_per_step: int | None = None
+    progress_age: float | None = None
+    work: tuple[tuple[int, float], ...] = ()  # (step, seconds of the rank's own work), each sent once
+    last_line: str | None = None
+    rank: int | None = None
+    TYPE: ClassVar[MessageType] = MessageType.BEAT
+
+    @classmethod
+    def parse(cls, message: Mapping[str, Any]) -> Beat:
+        work = message.get("work", [])
+        if type(work) is not list or len(work) > protocol.WORK_PER_BEAT:
+            raise BadMessage(f"work is not a list of at most {protocol.WORK_PER_BEAT} [step, seconds] pairs")
+        pairs = []
+        for pair in work:
+            if type(pair) is not list or len(pair) != 2:
+                raise BadMessage("work holds something other than [step, seconds] pairs")
+            step, seconds = pair
+            if type(step) is not int or type(seconds) not in (int, float) or not math.isfinite(seconds):
+                raise BadMessage("work holds something other than [step, seconds] pairs")
+            if step < 0 or seconds < 0:
+                raise BadMessage("work holds a negative step or duration")
+            pairs.append((step, float(seconds)))
+        line = message.get("last_line")
+        if line is not None and (type(line) is not str or len(line) > protocol.LAST_LINE_CHARS):
+            raise BadMessage(f"last_line is not a text of at most {protocol.LAST_LINE_CHARS} characters")
+        return cls(
+            step=optional_count(message, "step"),
+            max_steps=optional_count(message, "max_steps"),
+            samples_per_step=optional_count(message, "samples_per_step"),
+            progress_age=optional_number(message, "progress_age"),
+            work=tuple(pairs),
+            last_line=line,
+            rank=rank_of(message, required=False),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Beats:
+    """A relay's beat for every rank of its node (each entry names its rank)."""
+
+    ranks: tuple[Beat, ...]
+    TYPE: ClassVar[MessageType] = MessageType.BEATS
+
+    @classmethod
+    def parse(cls, message: Mapping[str, Any]) -> Beats:
+        ranks = message.get("ranks")
+        if type(ranks) is not list or len(ranks) > protocol.MAX_RANKS_PER_NODE:
+            raise BadMessage(f"ranks is not a list of at most {protocol.MAX_RANKS_PER_NODE} beats")
+        entries = []
+        for entry in ranks:
+            if type(entry) is not dict:
+                raise BadMessage("ranks holds something other than beats")
+            rank_of(entry)
+            entries.append(Beat.parse(entry))
+        return cls(tuple(entries))
+
+
+@dataclass(frozen=True, slots=True)
+class Exit:
+    """A rank ended: its exit code, the signal that ended it, its last lines, why it was stopped.
+    `rank` is set by the relay (an agent's own link names its rank already)."""
+
+    code: int
+    signal: int | None = None
+    tail: tuple[str, ...] = ()
+    stop_reason: str | None = None
+    rank: int | None = None
+    TYPE: ClassVar[MessageType] = MessageType.EXIT
+
+    @classmethod
+    def parse(cls, message: Mapping[str, Any]) -> Exit:
+        code = message.get("code")
+        if type(code) is not int or not -(2**31) <= code < 2**31:
+            raise BadMessage("code is not an integer")
+        signal = message.get("signal")
+        if signal is not None and (type(signal) is not int or not 0 < signal < 128):
+            raise BadMessage("signal is not a signal number")
+        tail = message.get("tail", [])
+        if (
+            type(tail) is not list
+            or len(tail) > protocol.TAIL_MAX_LINES
+            or not all(type(line) is str for line in tail)
+        ):
+            raise BadMessage(f"tail is not a list of at most {protocol.TAIL_MAX_LINES} texts")
+        reason = message.get("stop_reason")
+        if reason is not None and (type(reason) is not str or len(reason) > 1024):
+            raise BadMessage("stop_reason is not a short text")
+        return cls(code, signal, tuple(tail), reason, rank_of(message, required=False))
+
+
+@dataclass(frozen=True, slots=True)
+class Gone:
+    rank: int
+    reason: str
+    TYPE: ClassVar[MessageType] = MessageType.GONE
+
+    @classmethod
+    def parse(cls, message: Mapping[str, Any]) -> Gone:
+        return cls(count(message, "rank"), text(message, "reason", 1024))
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Stop the rank, with grace_s to save (None: the agent's default)."""
+
+    grace: float | None = None
+    reason: str | None = None
+    TYPE: ClassVar[MessageType] = MessageType.STOP
+
+    @classmethod
+    def parse(cls, message: Mapping[str, Any]) -> Stop:
+        reason = message.get("reason")
+        if reason is not None and type(reason) is not str:
+            raise BadMessage("reason is not text")
+        return cls(optional_number(message, "grace"), reason[:1024] if reason else None)
+
+
+Message = Challenge | Hello | Welcome | Proof | Refused | Join | Seated | Beat | Beats | Exit | Gone | Stop
+_PARSERS: dict[str, Callable[[Mapping[str, Any]], Message]] = {
+    kind.TYPE.value: kind.parse
+    for kind in (Challenge, Hello, Welcome, Proof, Refused, Join, Seated, Beat, Beats, Exit, Gone, Stop)
+}
+
+# Which kinds each reader takes (anything else is dropped as unexpected).
+TO_MASTER_HANDSHAKE = frozenset({MessageType.HELLO, MessageType.PROOF})
+FROM_AGENT_SESSION = frozenset({MessageType.BEAT, MessageType.EXIT})  # an agent's own connection
+FROM_RELAY_SESSION = frozenset({MessageType.JOIN, MessageType.BEATS, MessageType.EXIT, MessageType.GONE})
+FROM_MASTER_HANDSHAKE = frozenset({MessageType.CHALLENGE, MessageType.WELCOME, MessageType.REFUSED})
+FROM_MASTER = frozenset({MessageType.SEATED, MessageType.REFUSED, MessageType.STOP, MessageType.BEAT})
+FROM_AGENT = frozenset({MessageType.JOIN, MessageType.BEAT, MessageType.EXIT})  # at the relay's socket
+ANY = frozenset(MessageType)
+
+
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    """What a reader got instead of a message: a line that was no message for it, and why."""
+
+    reason: str
+
+
+def parse(message: Mapping[str, Any], allowed: Collection[MessageType] = ANY) -> Message:
+    """A decoded line as its typed message; BadMessage when it is none of the allowed kinds."""
+    kind = message.get("type")
+    parser = _PARSERS.get(kind) if type(kind) is str else None
+    if parser is None:
+        raise BadMessage(f"unknown message type {shown(kind)}")
+    if MessageType(kind) not in allowed:
+        raise BadMessage(f"a {kind} message is not expected here")
+    return parser(message)
+
+
+def parse_line(line: bytes, allowed: Collection[MessageType] = ANY) -> Message:
+    return parse(decode(line), allowed)
+
+
+def render(message: Message) -> dict[str, Any]:
+    """A message's fields as its line carries them: what is None or empty is left out (a relay's
+    beats keep their list, even empty)."""
+    out: dict[str, Any] = {"type": message.TYPE.value}
+    for each in fields(message):
+        value = getattr(message, each.name)
+        if value is not None and value != ():
+            out[each.name] = value
+    if isinstance(message, Beats):
+        out["ranks"] = [{k: v for k, v in render(entry).items() if k != "type"} for entry in message.ranks]
+    return out
