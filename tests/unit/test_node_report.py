@@ -11,6 +11,7 @@ from gaudi_cluster.wire.node_report import (
     NodeReport,
     NodeReportError,
     placeholder_reports,
+    report_from_last_line,
 )
 
 FULL = NodeReport(
@@ -94,3 +95,23 @@ def test_a_dry_run_assumes_one_slot_of_the_asked_accelerator():
         "a": NodeReport(accelerator="hpu", slots=1),
         "b": NodeReport(accelerator="hpu", slots=1),
     }
+
+
+@pytest.mark.parametrize(
+    ("name", "shown"),
+    [
+        ("bad\x1b[31mname", r"'bad\x1b[31mname'"),
+        ("-oProxyCommand=x", "'-oProxyCommand=x'"),
+        ("x y", "'x y'"),
+        ("é.example", "'é.example'"),
+        ("a" * 300, "(300 characters)"),
+        ("", "empty host name"),
+    ],
+)
+def test_a_node_reporting_a_host_name_no_host_has_is_refused_naming_it_quoted(name, shown):
+    line = json.dumps({"schema": SCHEMA_VERSION, "accelerator": "cpu", "slots": 1, "hostname": name})
+    why = report_from_last_line([line])
+    assert isinstance(why, str) and "host name the node reports is refused" in why and shown in why, why
+    assert "\n" not in why and "\x1b" not in why and "fix:" in why
+    ok = json.dumps({"schema": SCHEMA_VERSION, "accelerator": "cpu", "slots": 1, "hostname": "gaudi-7.lan"})
+    assert report_from_last_line([ok]).hostname == "gaudi-7.lan"

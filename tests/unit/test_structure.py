@@ -68,6 +68,7 @@ PURE = {
     "gaudi_cluster.wire.protocol",
     "gaudi_cluster.wire.messages",
     "gaudi_cluster.wire.fields",
+    "gaudi_cluster.wire.host_name",
     "gaudi_cluster.rank.agent_beat",
 }
 EDGES = {"subprocess", "socket", "threading", "shutil", "glob", "tempfile"}

@@ -44,7 +44,7 @@ def join(
         return channel
     channel.close()
     if isinstance(answer, messages.Refused | messages.Dropped):
-        why = messages.shown(answer.reason, 200)[1:-1]
+        why = repr(answer.reason[:200])[1:-1]
     else:
         out_of_turn = "no answer" if answer is None else f"a {answer.TYPE.value} before the seat"
         why = channel.close_reason or out_of_turn

@@ -1,33 +1,18 @@
 """What a host name and a slot count may be, for hostfiles, peer lists and the settings that name
-nodes (--peers, --peers-dns, --include, --exclude), so that each is refused when it is read. Pure."""
+nodes (--peers, --peers-dns, --include, --exclude), so that each is refused when it is read (the
+host name rule itself is `wire.host_name`'s: a node's own report is checked with it too). Pure."""
 
 from __future__ import annotations
 
 import re
 
 from gaudi_cluster.errors import quoted
+from gaudi_cluster.wire.host_name import host_problem
 
-# Hostnames, IPv4 and (unbracketed) IPv6 literals; anything else would be mangled by pdsh -w or
-# by the world_info keys DeepSpeed builds from the host column.
-_HOST_RE = re.compile(r"[A-Za-z0-9_.:-]+")
+__all__ = ["MAX_SLOTS", "host_problem", "parse_slots", "peer_list_problem"]
+
 # Ranks on one node: far above any server's devices, far below what range() or a C int overflows on.
 MAX_SLOTS = 1024
-
-
-def host_problem(host: str) -> str | None:
-    """Why `host` cannot be a hostfile/peer name, or None when it can."""
-    if not host:
-        return "empty host name"
-    if "@" in host:
-        return (
-            f"{quoted(host)} names an ssh user; the user comes from the ssh config, "
-            f"so write only {quoted(host.split('@', 1)[1])}"
-        )
-    if host.startswith("-"):  # ssh, pdsh and mpirun would read it as an option (-oProxyCommand=...)
-        return f"{quoted(host)} starts with '-', which no host name does"
-    if not _HOST_RE.fullmatch(host):
-        return f"{quoted(host)} is not a valid host name or IP address"
-    return None
 
 
 def parse_slots(value: str) -> int | None:

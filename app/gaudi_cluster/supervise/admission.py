@@ -194,7 +194,7 @@ class Handshake:
     def _welcome(self, hello: messages.Hello) -> messages.Welcome:
         gate = self._gate
         if hello.job != gate.job_id:
-            raise Refused(f"hello for another job ({messages.shown(hello.job)})")
+            raise Refused(f"hello for another job ({messages.shown(hello.job, 40)})")
         host, node = hello.host, hello.node
         if hello.is_node:
             who = f"the relay of node {node[:64]!r}"

@@ -184,7 +184,7 @@ def authenticate(channel: Channel, me: Identity) -> None:
 def _why(channel: Channel, answer: messages.Message | messages.Dropped | None) -> str:
     """What the master said instead of the step due (its refusal, or what was wrong with its line)."""
     if isinstance(answer, messages.Refused | messages.Dropped):
-        return messages.shown(answer.reason, 200)[1:-1]
+        return repr(answer.reason[:200])[1:-1]
     if answer is None:
         return channel.close_reason or "no answer"
     return f"a {answer.TYPE.value} out of turn"

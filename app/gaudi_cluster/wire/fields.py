@@ -23,11 +23,12 @@ class BadMessage(ValueError):
     """A line that is no well-formed message for its reader: the one-line reason to log."""
 
 
-def shown(value: object, limit: int = 40) -> str:
-    """A received value as a log line may show it: text quoted and cut, anything else by its type
-    (never str() of it: a list nested 1,000 deep is no text, and attacker bytes stay escaped)."""
+def shown(value: object, limit: int = 80) -> str:
+    """A received value as a log line may show it: text quoted (escapes written as escapes) and a
+    long one cut with its length, as `errors.quoted` does; anything else by its type (never str() of
+    it: a list nested 1,000 deep is no text)."""
     if isinstance(value, str):
-        return repr(value[:limit])
+        return repr(value) if len(value) <= limit else f"{value[:limit]!r}... ({len(value)} characters)"
     if type(value) in (int, float) and len(text := repr(value)) <= limit:
         return text
     return f"a {type(value).__name__}"

@@ -13,7 +13,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gaudi_cluster.wire.fields import shown as quoted
+from gaudi_cluster.wire.host_name import host_problem
+
 SCHEMA_VERSION = 1
+MAX_HOST_NAME = 255
 # The kernel driver of Gaudi devices, their NIC ports included.
 HABANA_DRIVER = "habanalabs"
 
@@ -91,9 +95,20 @@ class NodeReport:
             )
         try:
             fields = cls._optional_fields(data)
-            return cls(accelerator=_str(data, "accelerator"), slots=_int(data, "slots"), **fields)
+            report = cls(accelerator=_str(data, "accelerator"), slots=_int(data, "slots"), **fields)
         except KeyError as missing:
             raise NodeReportError(f"node report without {missing}") from None
+        if (name := report.hostname) is None:
+            return report
+        # What the node calls itself reaches log lines and metric labels: the rule of host names.
+        too_long = f"{quoted(name)} is over {MAX_HOST_NAME} characters"
+        problem = host_problem(name) if len(name) <= MAX_HOST_NAME else too_long
+        if problem is not None:
+            raise NodeReportError(
+                f"the host name the node reports is refused: {problem}; fix: give the node a host name "
+                "of letters, digits, '.', '-' and '_' (or its IP address)"
+            )
+        return report
 
     @staticmethod
     def _optional_fields(data: Mapping[str, Any]) -> dict[str, Any]:
