@@ -154,6 +154,13 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("GAUDI_CLUSTER_SLOW_RANK", ReadBy.DRILLS, "", "this rank is slowed in every step (a straggler)"),
     Variable("GAUDI_CLUSTER_SLOW_MS", ReadBy.DRILLS, "300", "milliseconds the slow rank adds to a step"),
     Variable(
+        "GAUDI_CLUSTER_FUZZ_LINES",
+        ReadBy.TOOLS,
+        "10000",
+        "lines each control-plane reader gets in tests/local/test_reader_fuzz.py (more: a longer run)",
+    ),
+    Variable("GAUDI_CLUSTER_FUZZ_SEED", ReadBy.TOOLS, "36", "the seed of those lines (another: other lines)"),
+    Variable(
         "GAUDI_CLUSTER_AWS_SSH",
         ReadBy.TOOLS,
         "ssh",
