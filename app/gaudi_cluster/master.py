@@ -288,12 +288,11 @@ def write_report(
     attempts before this one) gets this attempt added, with the step rank 0 resumed from."""
     directory = Path(job.output_dir)
     events = report.read_events(job.job_dir / "events.jsonl", directory / "events.jsonl")
-    first_events = {e["event"]: e.get("t") for e in reversed(events) if "event" in e}
     points = {
         "container_start": report.container_start(),
         "master_start": report.process_start(),
         "launch": launched_at,
-        **{name: first_events.get(name) for name in ("start", "imports_done", "model_ready", "first_step")},
+        **report.startup_points(events),
     }
     flagged = supervisor.view.watch.flagged
     if history is not None:

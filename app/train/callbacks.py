@@ -11,6 +11,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from gaudi_cluster.wire.workload_events import WorkloadEvent
 from transformers import TrainerCallback
 
 from train import checkpoints, faults, timeline
@@ -86,7 +87,7 @@ class ClusterCallback(TrainerCallback):
         self.clock.step(state.global_step)
         if self._first:
             self._first = False
-            emit("first_step", step=state.global_step)
+            emit(WorkloadEvent.FIRST_STEP, step=state.global_step)
         self.timer.step_done(state.global_step)
         if self.progress_file:
             try:

@@ -53,9 +53,11 @@ from pathlib import Path  # noqa: E402
 if __package__ in (None, ""):  # run as a file: make the `train` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from gaudi_cluster.wire.workload_events import WorkloadEvent  # noqa: E402
+
 from train.events import also_record_in, emit, global_rank  # noqa: E402
 
-emit("start", t=_T_START, pid=os.getpid())
+emit(WorkloadEvent.START, t=_T_START, pid=os.getpid())
 
 from train import arguments, command_line, device, faults, splits, timeline  # noqa: E402
 from train import data as datamod  # noqa: E402
@@ -77,7 +79,7 @@ def run(argv: list[str]) -> int:
     choice = device.choose(argv)
     command_line.refuse_multi_host_eval(argv, choice.gaudi, dict(os.environ))
     training_cls, trainer_base = device.training_stack(choice)
-    emit("imports_done")
+    emit(WorkloadEvent.IMPORTS_DONE)
     args = arguments.parse(argv, training_cls, choice)
     device.note_ignored_flags(argv, choice)
     arguments.validate(args)
@@ -112,7 +114,7 @@ def run(argv: list[str]) -> int:
     checkpoint = resume.checkpoint
     if training_args.do_train:
         log.info("%s", resume.line())
-        emit("resume", **resume.to_json())
+        emit(WorkloadEvent.RESUME, **resume.to_json())
 
     # data: the embedded corpus and tokenizer unless others are named, cut into blocks
     config = modelmod.load_config(model_args, training_args)
@@ -151,7 +153,7 @@ def run(argv: list[str]) -> int:
     trainer.cluster_log_hook = callback.augment_logs
     trainer.cluster_collective = collective
     emit(
-        "model_ready",
+        WorkloadEvent.MODEL_READY,
         params=n_params,
         world_size=world,
         device=choice.kind,
@@ -165,7 +167,7 @@ def run(argv: list[str]) -> int:
             log.warning(
                 "stopped by signal %s after step %d; checkpoint saved", stop.signum, callback.stopped_at
             )
-            emit("train_stopped", step=callback.stopped_at, signal=stop.signum)
+            emit(WorkloadEvent.TRAIN_STOPPED, step=callback.stopped_at, signal=stop.signum)
             return stop.exit_code
         if data_args.save_last_ckpt:
             trainer.save_model()
@@ -187,7 +189,7 @@ def run(argv: list[str]) -> int:
         if trainer.is_world_process_zero() and args.cluster.plot:
             metmod.plot_curves(trainer.state.log_history, Path(training_args.output_dir) / metmod.PLOT_NAME)
         emit(
-            "train_done",
+            WorkloadEvent.TRAIN_DONE,
             step=trainer.state.global_step,
             train_samples_per_second=metrics.get("train_samples_per_second"),
             train_loss=metrics.get("train_loss"),
@@ -197,7 +199,7 @@ def run(argv: list[str]) -> int:
         metrics = metmod.eval_metrics(trainer.evaluate(), eval_samples=len(eval_ds))
         trainer.log_metrics("eval", metrics)
         trainer.save_metrics("eval", metrics)
-        emit("eval_done", eval_loss=metrics["eval_loss"], perplexity=metrics["perplexity"])
+        emit(WorkloadEvent.EVAL_DONE, eval_loss=metrics["eval_loss"], perplexity=metrics["perplexity"])
     return 0
 
 

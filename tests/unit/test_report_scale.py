@@ -8,6 +8,7 @@ from pathlib import Path
 
 from gaudi_cluster.view import report, report_plot
 from gaudi_cluster.view.history import WorkHistory
+from gaudi_cluster.wire.workload_events import WorkloadEvent
 
 
 def job(ranks: int, per_node: int, slow: dict[int, float], steps: int = 3000) -> dict[int, WorkHistory]:
@@ -67,3 +68,15 @@ def test_a_small_job_keeps_one_line_per_rank(tmp_path: Path, monkeypatch):
     assert report_plot.plot(small, {1}, tmp_path / "a.png", {0: "m", 1: "w"})
     assert report_plot.plot(job(17, 8, {}, steps=10), set(), tmp_path / "b.png", {r: "h" for r in range(17)})
     assert drawn == ["ranks", "nodes"]
+
+
+def test_the_startup_points_are_each_events_first_time_and_the_events_are_written_as_their_names():
+    lines = [
+        json.dumps({"event": WorkloadEvent.START, "t": 1.0}),
+        json.dumps({"event": WorkloadEvent.FIRST_STEP, "t": 5.0}),
+        json.dumps({"event": WorkloadEvent.FIRST_STEP, "t": 9.0}),  # a later attempt's
+    ]
+    assert lines[1] == '{"event": "first_step", "t": 5.0}'  # what train/ writes, as the master reads it
+    points = report.startup_points([json.loads(line) for line in lines])
+    assert points == {"start": 1.0, "imports_done": None, "model_ready": None, "first_step": 5.0}
+    assert report.phase_timings({**points, "launch": 0.5}) == {"launch": 0.5}

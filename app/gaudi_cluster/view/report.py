@@ -22,6 +22,7 @@ from typing import Any
 from gaudi_cluster.launch.attempts import AttemptPlan
 from gaudi_cluster.view.report_plot import Histories, plot
 from gaudi_cluster.wire.node_report import NodeReport
+from gaudi_cluster.wire.workload_events import STARTUP, WorkloadEvent
 
 log = logging.getLogger("gaudi_cluster.view.report")
 
@@ -30,11 +31,17 @@ PNG_NAME = "job_report.png"
 PHASES = (
     ("container", "container_start", "master_start"),
     ("control_plane", "master_start", "launch"),
-    ("launch", "launch", "start"),
-    ("imports", "start", "imports_done"),
-    ("model_init", "imports_done", "model_ready"),
-    ("first_step", "model_ready", "first_step"),
+    ("launch", "launch", WorkloadEvent.START),
+    ("imports", WorkloadEvent.START, WorkloadEvent.IMPORTS_DONE),
+    ("model_init", WorkloadEvent.IMPORTS_DONE, WorkloadEvent.MODEL_READY),
+    ("first_step", WorkloadEvent.MODEL_READY, WorkloadEvent.FIRST_STEP),
 )
+
+
+def startup_points(events: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+    """When rank 0's program reached each point of its startup (the first time it did), for phase_timings."""
+    first = {e["event"]: e.get("t") for e in reversed(events) if "event" in e}
+    return {str(name): first.get(name) for name in STARTUP}
 
 
 def phase_timings(points: Mapping[str, float | None]) -> dict[str, float]:
@@ -84,7 +91,11 @@ class AttemptRecord:
         """This attempt's record from its events and the plan that chose its nodes."""
         since = history[-1].ended_at if history else None
         # the events file may hold earlier attempts' events too: this attempt's come after `since`
-        firsts = [e["t"] for e in events if e.get("event") == "first_step" and isinstance(e.get("t"), float)]
+        firsts = [
+            e["t"]
+            for e in events
+            if e.get("event") == WorkloadEvent.FIRST_STEP and isinstance(e.get("t"), float)
+        ]
         first = next((t for t in sorted(firsts) if since is None or t > since), None)
         lost_s = round(float(first) - since, 1) if since is not None and first is not None else None
         return cls(
@@ -123,7 +134,7 @@ class AttemptRecord:
 
 def resumed_from_step(events: Sequence[Mapping[str, Any]]) -> int | None:
     """The step rank 0's `resume` event names (0: from scratch); None without one."""
-    resume = next((e for e in reversed(events) if e.get("event") == "resume"), None)
+    resume = next((e for e in reversed(events) if e.get("event") == WorkloadEvent.RESUME), None)
     if resume is None:
         return None
     step = resume.get("step")
@@ -157,7 +168,7 @@ def build(
     failure: str | None,
     attempts: Sequence[AttemptRecord] = (),
 ) -> dict[str, Any]:
-    done = next((e for e in events if e.get("event") == "train_done"), {})
+    done = next((e for e in events if e.get("event") == WorkloadEvent.TRAIN_DONE), {})
     return {
         "job": job_id,
         "state": state,
