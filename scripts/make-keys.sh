@@ -13,6 +13,9 @@
 #   nodes/any/             for nodes the master reaches by names not known in advance (a scaled compose
 #                          service found by DNS, reached by address): one host key shared by those
 #                          nodes, certified for any name (what a shared host key proved, no more)
+#   ssh_host_ed25519_key   the shared host key (+ .pub) of the engines that hand every node the same
+#                          files and pin it as `* <key>`: the Kubernetes manifests (one pod template)
+#                          and `aws up` (docs/kubernetes.md, docs/aws.md)
 # Clients pin `@cert-authority * <host_ca.pub>`: a node is let in by a certificate of this CA naming
 # the name the master dialled; no node holds another's host key, and the CA's key is on no node.
 # Directories 0700, private keys 0600, public ones 0644. Idempotent: existing keys are kept (and their
@@ -82,6 +85,9 @@ ssh-keygen -l -f "$key.pub" >&2
 [[ -e "$ca" ]] || note "made the host CA in $dir/ca (keep it here: never mount it on a node)"
 new_key "$ca" gaudi-cluster-host-ca
 
+shared="$dir/ssh_host_ed25519_key"
+[[ -e "$shared" ]] || note "made the shared host key in $dir (Kubernetes, aws up)"
+new_key "$shared" gaudi-cluster-host
 node_dir "$dir/master" "" master
 install -m 0600 "$key" "$dir/master/id_ed25519"
 node_dir "$dir/nodes/any" "" any
@@ -89,6 +95,6 @@ for entry in "${names[@]}"; do
 	node_dir "$dir/nodes/${entry%%,*}" "$entry" "${entry%%,*}"
 done
 note "the master mounts $dir/master; node NAME mounts $dir/nodes/NAME (made: ${names[*]:-none}; make keys NAMES=... for more), a node of unknown name $dir/nodes/any"
-if [[ -e "$dir/worker" || -e "$dir/ssh_host_ed25519_key" ]]; then
-	note "$dir/worker and $dir/ssh_host_ed25519_key* (one host key on every node) are no longer used; fix: mount $dir/nodes/NAME (or nodes/any) on each worker and $dir/master on the master, then remove them"
+if [[ -e "$dir/worker" ]]; then
+	note "$dir/worker (one host key on every node) is no longer used; fix: mount $dir/nodes/NAME (make keys NAMES=NAME, or nodes/any) on each worker and $dir/master on the master, then remove $dir/worker"
 fi

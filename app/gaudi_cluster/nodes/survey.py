@@ -230,9 +230,9 @@ def survey_nodes(
         )
     elif ssh.is_shared_host_key(host_trust):
         log.warning(
-            "every node serves one shared host key (a key directory from before the host CA), so a "
-            "node can pass for another; fix: make keys NAMES=..., then mount .keys/master on the "
-            "master and .keys/nodes/NAME on each node"
+            "every node serves one shared host key (Kubernetes, or a key directory from before the host "
+            "CA), so a node can pass for another; fix: give each node its own certified key (make keys "
+            "NAMES=..., mount .keys/master on the master, .keys/nodes/NAME on each node)"
         )
     ssh_config = ssh.write_ssh_config(
         job_dir, config.ssh_port, identity, control_dir=control_dir, host_trust=host_trust
