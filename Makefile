@@ -112,8 +112,8 @@ image-gaudi: ## make image PROFILE=gaudi (Gaudi 2 / Gaudi 3)
 image-dl1: ## make image PROFILE=dl1 (first-gen Gaudi on AWS DL1, EFA)
 	$(MAKE) image PROFILE=dl1
 
-keys: ## make the cluster's ssh keypair in .keys/ (git-ignored, 0600)
-	scripts/make-keys.sh .keys
+keys: ## make the cluster's ssh keys in .keys/ (git-ignored): host CA, client key, each node's certified host key (NAMES="node-1 node-2,10.0.0.2")
+	NAMES="$(NAMES)" scripts/make-keys.sh .keys
 
 demo: venv image-cpu keys ## train the bundled model across a master and two workers, then evaluate
 	$(PY) -m gaudi_cluster_dev.localcluster demo --image $(IMAGE_CPU) --keys .keys

@@ -20,7 +20,9 @@
 # Reads: GAUDI_CLUSTER_ROLE (master | worker | auto), GAUDI_CLUSTER_SSH_PORT (default 3022),
 #        GAUDI_CLUSTER_SSH_DIR (default /run/secrets/gaudi-cluster), holding one of two key layouts:
 #          ours (make keys): id_ed25519.pub, and id_ed25519 (owner-only) on the master, optional on
-#          workers;
+#          workers; this node's ssh_host_ed25519_key with its certificate (-cert.pub) and the CA's
+#          host_ca.pub (.keys/master on the master, .keys/nodes/NAME on a worker; never .keys itself,
+#          which holds the CA's private key: refused);
 #          the Kubeflow MPI Operator's Secret: id_rsa (an ECDSA P-521 key in PEM form, whatever its
 #          name says), id_rsa.pub and authorized_keys, mode 0644 when mounted away from /root/.ssh.
 #        Either way the keys are installed as owner-only copies in /root/.ssh.
@@ -139,6 +141,9 @@ ep_validate_keys() {
 	name="$(ep_key_name)"
 	pub="$dir/$name.pub"
 	key="$dir/$name"
+	# The host CA signs every node's certificate: a node holding it could certify itself as any other.
+	[[ ! -e "$dir/ca/host_ca" && ! -e "$dir/host_ca" ]] \
+		|| ep_die "the host CA's private key is mounted on this node ($dir/ca); fix: mount .keys/master on the master and .keys/nodes/NAME (or nodes/any) on a worker, never .keys itself"
 	[[ -d "$dir" && -e "$pub" ]] \
 		|| ep_die "no cluster key at $pub; fix: make keys and mount .keys read-only at $dir (docker run -v \"\$PWD/.keys:$dir:ro\")"
 	ep_check_public_key "$pub"
@@ -174,19 +179,34 @@ ep_install_keys() {
 	fi
 }
 
-# ep_host_keys: the cluster's host key from the secret (make keys), which every client here pins;
-# without one, this container's own key (never in the image), kept across restarts, and clients accept
-# a new node's key on first contact. Ed25519 only: every client here speaks it, and `ssh-keygen -A`
-# would spend ~0.8 s of CPU on an RSA-3072 key at every node start.
+# ep_host_keys: this node's host key from the secret (make keys: nodes/NAME, nodes/any or master/) and
+# its certificate, which sshd serves (HostCertificate); clients here pin the host CA (@cert-authority),
+# or a pre-CA key directory's one shared host key. Without one, this container's own key (never in the
+# image), kept across restarts, and clients accept a new node's key on first contact. Ed25519 only:
+# every client here speaks it, and `ssh-keygen -A` would spend ~0.8 s of CPU on an RSA-3072 key at every
+# node start.
 ep_host_keys() {
-	local key="$EP_ETC_SSH/ssh_host_ed25519_key" given
-	given="$(ep_ssh_dir)/ssh_host_ed25519_key"
+	local key="$EP_ETC_SSH/ssh_host_ed25519_key" dir given pinned cert_conf
+	dir="$(ep_ssh_dir)"
+	given="$dir/ssh_host_ed25519_key"
+	cert_conf="$EP_ETC_SSH/sshd_config.d/20-gaudi-cluster-cert.conf"
+	mkdir -p "$EP_ETC_SSH/sshd_config.d"
+	rm -f "$cert_conf" "$key-cert.pub"
 	if [[ -s "$given" && -s "$given.pub" ]]; then
 		install -m 0600 "$given" "$key"
 		install -m 0644 "$given.pub" "$key.pub"
-		# Clients on this node (a user's pdsh or mpirun on a held cluster, mpirun's tree spawn)
-		# accept the cluster's key for every node and nothing else.
-		printf '* %s\n' "$(cut -d' ' -f1,2 "$given.pub")" >"$EP_ETC_SSH/ssh_known_hosts"
+		if [[ -s "$given-cert.pub" ]]; then
+			install -m 0644 "$given-cert.pub" "$key-cert.pub"
+			printf 'HostCertificate %s\n' "$key-cert.pub" >"$cert_conf"
+		fi
+		# Clients on this node (a user's pdsh or mpirun on a held cluster, mpirun's tree spawn) accept
+		# a node certified by the cluster's CA (or the old shared key) and nothing else.
+		if [[ -s "$dir/host_ca.pub" ]]; then
+			pinned="@cert-authority * $(cut -d' ' -f1,2 "$dir/host_ca.pub")"
+		else
+			pinned="* $(cut -d' ' -f1,2 "$given.pub")"
+		fi
+		printf '%s\n' "$pinned" >"$EP_ETC_SSH/ssh_known_hosts"
 		mkdir -p "$EP_ETC_SSH/ssh_config.d"
 		printf 'Host *\n    StrictHostKeyChecking yes\n' >"$EP_ETC_SSH/ssh_config.d/05-gaudi-cluster-pinned.conf"
 		return

@@ -23,9 +23,21 @@ image="${GAUDI_CLUSTER_IMAGE:-gaudi-cluster:gaudi}"
 keys="${GAUDI_CLUSTER_KEYS:-$(pwd)/.keys}"
 output="${GAUDI_CLUSTER_OUTPUT:-/data/gaudi-cluster}"
 runtime="${GAUDI_CLUSTER_RUNTIME-habana}"
-[[ -f "$keys/id_ed25519.pub" ]] || die "no cluster key in $keys; fix: make keys (then copy .keys to every node)"
-# A worker mounts only make keys' worker/ part: the public key and the host key, not the client key.
-[[ "$role" != worker || ! -d "$keys/worker" ]] || keys="$keys/worker"
+[[ -f "$keys/id_ed25519.pub" ]] || die "no cluster key in $keys; fix: make keys NAMES=\"\$(hostname)\" (then copy .keys/master to the master, .keys/nodes/NAME to node NAME)"
+# A node mounts only its part of make keys' directory, never the host CA (ca/): the master master/, a
+# worker its own nodes/NAME/ (NAME: this host's name), else nodes/any/, else a pre-CA worker/.
+if [[ "$role" == master ]]; then
+	parts=(master)
+else
+	parts=("nodes/$(hostname -s)" "nodes/$(hostname -f 2>/dev/null || hostname)" nodes/any worker)
+fi
+for part in "${parts[@]}"; do
+	if [[ -d "$keys/$part" ]]; then
+		keys="$keys/$part"
+		break
+	fi
+done
+[[ ! -d "$keys/ca" ]] || die "$keys holds the host CA (ca/), which no node may hold; fix: make keys NAMES=\"\$(hostname -s)\" and run again"
 
 args=(run --name "gaudi-cluster-$role" --rm --net=host --ipc=host --cap-add=sys_nice
 	--ulimit memlock=-1:-1 --stop-timeout 60

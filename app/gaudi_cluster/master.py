@@ -247,7 +247,7 @@ def run_prepared(
         job.world_size,
         len(job.ranks_by_host),
         job.survey.reached_by(),
-        plan.render_shell(job.plan).split("\n")[0],
+        plan.log_line(job.plan),
     )
     if spares:
         write_lines(out, [f"job {job.job_id}: spares (idle, no ranks): {', '.join(spares)}"])

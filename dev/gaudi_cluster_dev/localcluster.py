@@ -70,11 +70,14 @@ class LocalCluster:
         # Internal: the training fabric is not published to the host or the outside.
         docker("network", "create", "--internal", "--label", f"{LABEL}={self.name}", self.network)
 
-    def keys_for(self, role: str) -> Path:
-        """What a node mounts: the master all of make keys' directory, a worker only its worker/ part
-        (public key and host key) when there is one."""
-        workers_part = self.key_dir / "worker"
-        return workers_part if role == "worker" and workers_part.is_dir() else self.key_dir
+    def keys_for(self, role: str, name: str = "") -> Path:
+        """What a node mounts of make keys' directory (never all of it: the host CA stays here): the
+        master its master/ part, a worker its own nodes/<container name>/ when there is one (the name
+        the master dials with GAUDI_CLUSTER_PEERS), else nodes/any/ (the master reaches workers by the
+        addresses DNS gives), else a pre-CA directory's worker/ part."""
+        parts = ["master"] if role == "master" else [f"nodes/{name}", "nodes/any", "worker"]
+        found = [self.key_dir / part for part in parts if (self.key_dir / part).is_dir()]
+        return found[0] if found else self.key_dir
 
     def _common_args(self, name: str, hostname: str, role: str = "master") -> list[str]:
         args = [
@@ -89,7 +92,7 @@ class LocalCluster:
             "--shm-size",
             "1g",
             "-v",
-            f"{self.keys_for(role).resolve()}:{KEY_MOUNT}:ro",
+            f"{self.keys_for(role, name).resolve()}:{KEY_MOUNT}:ro",
             "-e",
             f"GAUDI_CLUSTER_SLOTS={self.slots}",
             *self.run_args,

@@ -116,6 +116,66 @@ def test_an_impostor_at_a_workers_alias_is_refused_named_and_given_nothing(make_
     assert "rank 0]" not in log  # nothing was launched
 
 
+def test_a_worker_passing_for_another_or_uncertified_is_refused_by_host_key(make_cluster, tmp_path):
+    """Per-node host keys certified by the cluster's CA: a worker of this cluster that takes over
+    another node's name (it answers at that name with its own certified key) and a container with an
+    uncertified key are refused before anything is sent, each named with the fix; the job runs on the
+    other nodes (the two are spares, so it goes on without them)."""
+    cluster = make_cluster(workers=2)
+    impostor, stranger = f"{cluster.name}-impostor", f"{cluster.name}-stranger"
+    taken, own = f"{cluster.name}-w3", f"{cluster.name}-w4"  # the name it takes over, and its own
+    keys = tmp_path / "keys"
+    subprocess.run(
+        [str(Path(__file__).resolve().parents[2] / "scripts" / "make-keys.sh"), str(keys),
+         *cluster.worker_names, taken, own],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    cluster.key_dir = keys
+    cluster.start_workers()
+    stranger_keys = tmp_path / "stranger-keys"
+    stranger_keys.mkdir(mode=0o700)
+    (stranger_keys / "id_ed25519.pub").write_bytes((keys / "id_ed25519.pub").read_bytes())
+    label = ["--label", f"{LABEL}={cluster.name}", "--network", cluster.network]
+    for name, alias, mounted in (
+        (impostor, taken, keys / "nodes" / own),
+        (stranger, stranger, stranger_keys),
+    ):
+        subprocess.run(
+            ["docker", "run", "-d", "--name", name, *label, "--network-alias", alias,
+             "-v", f"{mounted}:/run/secrets/gaudi-cluster:ro", cluster.image, "worker"],
+            check=True, capture_output=True, text=True,
+        )  # fmt: skip
+        cluster.started.append(name)
+    cluster.wait_healthy([*cluster.worker_names, impostor, stranger])
+    peers = ",".join([*cluster.worker_names, taken, stranger])
+    args = cluster.master_args(
+        {"GAUDI_CLUSTER_PEERS": peers, "GAUDI_CLUSTER_SPARES": "2", "GAUDI_CLUSTER_MAX_RESTARTS": "1",
+         "SLOW_S": "1", "MY_SECRET_TOKEN": "x"}
+    )  # fmt: skip
+    at = args.index("GAUDI_CLUSTER_PEERS_DNS=worker")
+    del args[at - 1 : at + 1]
+    subprocess.run(
+        ["docker", "run", "-d", *args, cluster.image, "master", "/workspace/user/slow.py"], check=True
+    )
+    cluster.started.append(cluster.master)
+    assert cluster.wait_master(timeout_s=240) == 0, cluster.logs(cluster.master)[-4000:]
+    log = cluster.logs(cluster.master)
+    assert "succeeded: 3 ranks on 3 nodes" in log, log[-3000:]
+    refused = [line for line in log.splitlines() if "probe failed; left out" in line]
+    assert len(refused) == 1, log[-3000:]
+    for name, why in (
+        (taken, "its certificate does not name it"),
+        (stranger, "no certificate of the cluster's CA"),
+    ):
+        assert f"{name} (answered with a host key that is not the cluster's ({why}" in refused[0], refused
+        assert f"fix: make keys NAMES={name} and start that node with .keys/nodes/{name}" in refused[0]
+    for name in (impostor, stranger):
+        staged = cluster.exec(
+            name, "sh", "-c", "ls -R /run/gaudi-cluster/jobs; cat /proc/*/cmdline | tr '\\0' ' '"
+        )
+        assert "private.json" not in staged.stdout and "probe" not in staged.stdout, staged.stdout
+
+
 def test_no_secret_reaches_deepspeeds_runner_pdsh_or_the_log(make_cluster):
     secret = "mlflow-" + os.urandom(8).hex()
     cluster = make_cluster(workers=2)

@@ -253,9 +253,16 @@ def test_the_cluster_key_is_restricted_and_the_host_key_is_the_clusters(host, cl
     authorized = host.file("/root/.ssh/authorized_keys").content_string.splitlines()
     assert authorized and all(line.startswith("restrict ssh-") for line in authorized), authorized
     served = host.file("/etc/ssh/ssh_host_ed25519_key.pub").content_string.split()[:2]
-    assert served == (cluster_keys / "ssh_host_ed25519_key.pub").read_text().split()[:2]
-    pinned = host.file("/etc/ssh/ssh_known_hosts").content_string
-    assert pinned == f"* {' '.join(served)}\n"
+    assert served == (cluster_keys / "master" / "ssh_host_ed25519_key.pub").read_text().split()[:2]
+    # The node's own host key, served with its certificate; clients here pin the CA, not a key.
+    cert = (cluster_keys / "master" / "ssh_host_ed25519_key-cert.pub").read_text()
+    assert host.file("/etc/ssh/ssh_host_ed25519_key-cert.pub").content_string == cert
+    assert (
+        "HostCertificate /etc/ssh/ssh_host_ed25519_key-cert.pub"
+        in host.file("/etc/ssh/sshd_config.d/20-gaudi-cluster-cert.conf").content_string
+    )
+    ca = " ".join((cluster_keys / "ca" / "host_ca.pub").read_text().split()[:2])
+    assert host.file("/etc/ssh/ssh_known_hosts").content_string == f"@cert-authority * {ca}\n"
 
 
 def test_ssh_client_config(host):
@@ -464,3 +471,11 @@ def test_entrypoint_is_sourceable(image):
     out = run_once(image, "bash", "-c", script)
     assert out.returncode == 0, out.stderr
     assert out.stdout == "sourced\n"
+
+
+def test_the_whole_key_directory_is_refused_for_its_host_ca(image, cluster_keys):
+    """`make keys`' directory holds the host CA's private key, which no node may hold."""
+    out = run_once(image, "worker", mounts=[f"{cluster_keys}:{SSH_DIR}:ro"])
+    assert out.returncode == 2, out.stderr
+    assert "the host CA's private key is mounted on this node" in out.stderr
+    assert "fix: mount .keys/master on the master and .keys/nodes/NAME" in out.stderr

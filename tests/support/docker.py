@@ -90,7 +90,13 @@ class Containers:
         name = name or f"gc-{SESSION}-{uuid.uuid4().hex[:6]}"
         cmd = ["run", "-d", "--name", name, "--hostname", name, "--network", self.network, "--label", LABEL]
         if keys:
-            source = self.keys if keys is True else keys
+            # make keys' master/ part (client key, host key and certificate), never the whole directory:
+            # it holds the host CA, which the entrypoint refuses.
+            source = (
+                (self.keys / "master" if (self.keys / "master").is_dir() else self.keys)
+                if keys is True
+                else keys
+            )
             cmd += ["-v", f"{source}:{SSH_DIR}:ro"]
         for key, value in (env or {}).items():
             cmd += ["-e", f"{key}={value}"]

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -205,18 +207,28 @@ def test_sbatch_docker_mode_runs_the_node_with_run_nodes_flags(tmp_path):
 
 
 def test_sbatch_docker_mode_gives_the_client_key_to_node_0_only(tmp_path):
-    common = {"GAUDI_CLUSTER_KEYS": str(tmp_path), "GAUDI_CLUSTER_IMAGE": "img:tag"}
+    """Node 0 mounts make keys' master/, a worker its own nodes/<host name>/ (else nodes/any/), and
+    no node the key directory itself (it holds the host CA)."""
+    keys = tmp_path / "keys"
+    me = socket.gethostname().split(".")[0]
+    subprocess.run([str(ROOT / "scripts" / "make-keys.sh"), str(keys), me], check=True, capture_output=True)
+    common = {"GAUDI_CLUSTER_KEYS": str(keys), "GAUDI_CLUSTER_IMAGE": "img:tag"}
     mounts = {}
-    for node_id in ("0", "1", "2"):
+    for node_id in ("0", "1"):
         docker_line = dry_run(SBATCH, SLURM_NODEID=node_id, **common).stdout.splitlines()[-1]
         words = shlex.split(docker_line)
         volumes = [words[i + 1] for i, word in enumerate(words) if word == "-v"]
         mounts[node_id] = [volume for volume in volumes if "secrets" in volume]
-    assert mounts["0"] == [f"{tmp_path}:/run/secrets/gaudi-cluster:ro"]
-    assert mounts["1"] == mounts["2"] == [f"{tmp_path}/worker:/run/secrets/gaudi-cluster:ro"]
-    (tmp_path / "id_ed25519.pub").write_text("ssh-ed25519 AAAA\n")  # a key directory from before worker/
-    done = dry_run(SBATCH, DRY_RUN="0", **common)
-    assert done.returncode == 2 and f"{tmp_path}/worker" in done.stderr and "fix: make keys" in done.stderr
+    assert mounts["0"] == [f"{keys}/master:/run/secrets/gaudi-cluster:ro"]
+    assert mounts["1"] == [f"{keys}/nodes/{me}:/run/secrets/gaudi-cluster:ro"]
+    shutil.rmtree(keys / "nodes" / me)
+    docker_line = dry_run(SBATCH, SLURM_NODEID="1", **common).stdout.splitlines()[-1]
+    assert f"{keys}/nodes/any:/run/secrets/gaudi-cluster:ro" in docker_line
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "id_ed25519.pub").write_text("ssh-ed25519 AAAA\n")  # a key directory from before nodes/
+    done = dry_run(SBATCH, DRY_RUN="0", **{**common, "GAUDI_CLUSTER_KEYS": str(old)})
+    assert done.returncode == 2 and f"{old}/nodes" in done.stderr and "fix: make keys NAMES=" in done.stderr
 
 
 def test_sbatch_pyxis_and_direct_modes_run_the_entrypoint_with_auto():

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import shlex
+
 import pytest
 from gaudi_cluster.env.envfile import (
     EnvFile,
@@ -11,7 +13,7 @@ from gaudi_cluster.env.envfile import (
     split_assignments,
     value_problem,
 )
-from gaudi_cluster.env.jobenv import build_env_file
+from gaudi_cluster.env.jobenv import UserEnvFile, build_env_file
 from gaudi_cluster.env.presets import GAUDINIC_DEFAULTS, PRESETS, default_socket_ifname
 from gaudi_cluster.errors import ConfigError
 from gaudi_cluster.settings import profiles
@@ -334,20 +336,75 @@ def test_a_launcher_gets_no_secret_named_variable():
         "HF_TOKEN": "t",
         "AWS_SECRET_ACCESS_KEY": "s",
         "WANDB_API_KEY": "k",
+        "HF_ENDPOINT": "https://user:pass@hub.example",
+        "PIP_INDEX_URL": "https://tok123@pypi.example/simple",
     }
-    assert launcher_environment(environ) == {
-        "PATH": "/usr/bin",
-        "PYTHONPATH": "/app",
-        "NCCL_DEBUG": "INFO",
-        "MLFLOW_TRACKING_URI": "http://mlflow:5000",
-    }
+    # MLFLOW*: DeepSpeed's runner would export every one onto the pdsh command line (the private file
+    # carries them); a URL with userinfo is a secret whatever its name.
+    assert launcher_environment(environ) == {"PATH": "/usr/bin", "PYTHONPATH": "/app", "NCCL_DEBUG": "INFO"}
 
 
 def test_the_launchers_logged_command_shows_names_not_values():
-    from gaudi_cluster.env.envfile import mask_exports
+    from gaudi_cluster.env.envfile import mask_secrets
 
     line = "cmd = pdsh -S -f 1024 -w a,b export PYTHONPATH=/x; export MLFLOW_X='a b'; export N=\"q r\"; cd /w"
     assert (
-        mask_exports(line)
+        mask_secrets(line)
         == "cmd = pdsh -S -f 1024 -w a,b export PYTHONPATH=***; export MLFLOW_X=***; export N=***; cd /w"
     )
+
+
+SECRET = "hf_" + "Zq9" * 8
+
+
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (["train.py", "--hub_token", SECRET, "--epochs", "1"], "--hub_token"),
+        (["train.py", f"--token={SECRET}"], "--token"),
+        (["train.py", f"hub_token={SECRET}"], "hub_token"),
+        (["train.py", "--hf-token", SECRET], "--hf-token"),
+        (["train.py", "--report_to", f"https://user:{SECRET}@mlflow.example"], "--report_to"),
+    ],
+)
+def test_a_token_argument_is_masked_in_the_log_line_and_named_in_the_warning(argv, named):
+    from gaudi_cluster.env.envfile import mask_secrets, secret_arguments
+
+    line = mask_secrets(shlex.join(["deepspeed", "--hostfile", "/j/hostfile", *argv]))
+    assert SECRET not in line and "***" in line
+    assert "train.py" in line and "--hostfile /j/hostfile" in line
+    assert secret_arguments(argv) == [named]
+
+
+def test_arguments_that_only_resemble_a_token_are_kept():
+    from gaudi_cluster.env.envfile import mask_secrets, secret_arguments
+
+    argv = ["train.py", "--tokenizer_name", "gpt2", "--max_tokens=5", "--push_to_hub", "--output_dir", "/o"]
+    assert secret_arguments(argv) == []
+    assert mask_secrets(shlex.join(argv)) == shlex.join(argv)
+
+
+def test_a_url_with_userinfo_is_a_secret_and_goes_through_the_private_file():
+    from gaudi_cluster.env.jobenv import private_values
+
+    environ = {"MLFLOW_TRACKING_URI": f"https://u:{SECRET}@mlflow.example", "MLFLOW_EXPERIMENT_NAME": "e"}
+    user = [UserEnvFile("/home/u/.deepspeed_env", (("HF_ENDPOINT", f"https://{SECRET}@hub.example"),))]
+    private = private_values(user, (), environ)
+    assert private == {**environ, "HF_ENDPOINT": f"https://{SECRET}@hub.example"}
+    env = build_env_file({"HF_ENDPOINT": f"https://u:{SECRET}@hub"}, "none", {}, None)
+    assert env.as_dict() == {} and env.dropped == (("HF_ENDPOINT", "looks like a secret"),)
+    with pytest.raises(ConfigError, match="looks like a secret"):
+        build_env_file({}, "none", {"DATA_URL": f"https://u:{SECRET}@data"}, None)
+
+
+def test_the_launching_line_masks_token_arguments_and_the_warning_names_the_fix():
+    from gaudi_cluster.env.envfile import secret_arguments_warning
+    from gaudi_cluster.launch.plan import LaunchPlan, log_line
+
+    program = ["train.py", "--hub_token", SECRET, "--data", f"https://u:{SECRET}@data.example/x"]
+    line = log_line(LaunchPlan(("deepspeed", "--hostfile", "/j/h", *program), {"PDSH_RCMD_TYPE": "ssh"}))
+    assert SECRET not in line and "--hub_token ***" in line and "https://***@data.example/x" in line
+    warning = secret_arguments_warning(program)
+    assert warning is not None and "\n" not in warning and SECRET not in warning
+    assert "--hub_token, --data" in warning and "visible to `ps`" in warning and "--env-pass" in warning
+    assert secret_arguments_warning(["train.py", "--epochs", "1"]) is None

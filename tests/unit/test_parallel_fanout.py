@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import socket
@@ -136,7 +137,7 @@ def test_greeters_tells_an_sshd_from_a_silent_port_and_a_bad_name():
 def test_the_job_ssh_config_is_staged_at_the_same_path_on_other_nodes(fake_ssh: Path, tmp_path: Path):
     job_dir = tmp_path / "jobs" / "j1"
     job_dir.mkdir(parents=True)
-    config = ssh.write_ssh_config(job_dir, 3022, None, host_key="ssh-ed25519 AAAAkey")
+    config = ssh.write_ssh_config(job_dir, 3022, None, host_trust="@cert-authority * ssh-ed25519 AAAAkey")
     failed = ssh.share_client_config(["record-1", "refused-1"], config, sys.executable, 3022)
     assert list(failed) == ["refused-1"] and "nothing listens on port 3022" in failed["refused-1"]
     # What reached record-1, run here into another directory: both files, owner-only, same text.
@@ -148,4 +149,20 @@ def test_the_job_ssh_config_is_staged_at_the_same_path_on_other_nodes(fake_ssh: 
     for name in ("ssh_config", "known_hosts"):
         assert (elsewhere / name).read_text() == (job_dir / name).read_text()
         assert (elsewhere / name).stat().st_mode & 0o077 == 0
-    assert (elsewhere / "known_hosts").read_text() == "* ssh-ed25519 AAAAkey\n"
+    assert (elsewhere / "known_hosts").read_text() == "@cert-authority * ssh-ed25519 AAAAkey\n"
+
+
+def test_the_staging_script_refuses_a_planted_directory_and_writes_nothing_through_a_link(tmp_path: Path):
+    """What share_client_config runs on a node, run here: a job directory that is a symlink (or open to
+    others) is refused before anything is written, so the file never lands in the link's target."""
+    target = tmp_path / "attacker"
+    target.mkdir()
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "j1").symlink_to(target)
+    files = json.dumps({"known_hosts": "@cert-authority * ssh-ed25519 AAAAkey\n"})
+    done = subprocess.run(
+        [sys.executable, "-c", ssh._WRITE_FILES, str(tmp_path / "jobs" / "j1")],
+        input=files, text=True, capture_output=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1 and "fix: remove it" in done.stderr
+    assert list(target.iterdir()) == []

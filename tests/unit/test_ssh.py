@@ -7,11 +7,13 @@ from pathlib import Path
 
 import pytest
 from gaudi_cluster.nodes.ssh import (
+    HOST_CA_NAME,
     HOST_KEY_NAME,
     KEX_ALGORITHMS,
     SshResult,
-    cluster_host_key,
+    cluster_trust,
     explain_ssh_failure,
+    is_shared_host_key,
     ssh_argv,
     write_ssh_config,
 )
@@ -38,16 +40,36 @@ def test_job_ssh_config_as_ssh_reads_it(tmp_path: Path):
 
 
 def test_the_cluster_host_key_is_pinned_for_every_node(tmp_path: Path):
+    """A pre-CA key directory: its one shared host key is still pinned."""
     (tmp_path / "keys").mkdir()
     (tmp_path / "keys" / HOST_KEY_NAME).write_text(
         "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIbase gaudi-cluster-host\n"
     )
-    host_key = cluster_host_key(tmp_path / "keys")
-    assert host_key == "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIbase"
-    config = effective(write_ssh_config(tmp_path, 3022, None, host_key=host_key), host="10.0.0.9")
+    trust = cluster_trust(tmp_path / "keys")
+    assert trust == "* ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIbase" and is_shared_host_key(trust)
+    config = effective(write_ssh_config(tmp_path, 3022, None, host_trust=trust), host="10.0.0.9")
     assert config["stricthostkeychecking"] == "true"  # what ssh -G prints for "yes"
-    assert (tmp_path / "known_hosts").read_text() == f"* {host_key}\n"
-    assert cluster_host_key(tmp_path / "nowhere") is None
+    assert (tmp_path / "known_hosts").read_text() == f"{trust}\n"
+    assert cluster_trust(tmp_path / "nowhere") is None
+
+
+def test_the_host_ca_is_pinned_rather_than_any_one_key(tmp_path: Path):
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    (keys / HOST_KEY_NAME).write_text("ssh-ed25519 AAAAnodekey node\n")
+    (keys / HOST_CA_NAME).write_text("ssh-ed25519 AAAAcakey gaudi-cluster-host-ca\n")
+    trust = cluster_trust(keys)
+    assert trust == "@cert-authority * ssh-ed25519 AAAAcakey" and not is_shared_host_key(trust)
+    write_ssh_config(tmp_path, 3022, None, host_trust=trust)
+    assert (tmp_path / "known_hosts").read_text() == "@cert-authority * ssh-ed25519 AAAAcakey\n"
+    assert (tmp_path / "known_hosts").stat().st_mode & 0o077 == 0
+
+
+def test_a_refused_host_key_names_the_node_and_the_fix():
+    err = "Certificate invalid: name is not a listed principal\r\nHost key verification failed.\r\n"
+    why = explain_ssh_failure(SshResult("worker-2", 255, "", err), 3022)
+    assert "\n" not in why and "its certificate does not name it" in why
+    assert "make keys NAMES=worker-2" in why and ".keys/nodes/worker-2" in why
 
 
 def test_job_ssh_config_is_private(tmp_path: Path):
@@ -66,7 +88,7 @@ def test_ssh_argv_quotes_remote_words():
         (255, "root@w: Permission denied (publickey).", "the cluster key is not authorized there"),
         (255, "ssh: Could not resolve hostname w: Name or service not known", "the name does not resolve"),
         (255, "ssh: connect to host w port 3022: No route to host", "unreachable ("),
-        (255, "Host key verification failed.", "not the cluster's (an impostor at this name or address"),
+        (255, "Host key verification failed.", "an impostor at this name or address"),
         (124, "", "ssh timed out"),
         (3, "boom", "remote command failed with exit code 3: boom"),
     ],

@@ -112,20 +112,87 @@ def is_secret(name: str) -> bool:
     return any(a == "PRIVATE" and b == "KEY" for a, b in itertools.pairwise(parts))
 
 
+# A URL's userinfo (`https://user:pass@host`, `https://TOKEN@host`): a credential whatever the name.
+_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@'\";]+@")
+
+
+def has_userinfo(value: str) -> bool:
+    return _USERINFO.search(value) is not None
+
+
+def is_secret_value(name: str, value: str) -> bool:
+    """A secret by its name (is_secret) or by its value (a URL with userinfo)."""
+    return is_secret(name) or has_userinfo(value)
+
+
+def is_private_by_default(name: str, value: str) -> bool:
+    """Variables of the master's environment that reach the ranks only through the private file:
+    MLFLOW* (DeepSpeed's runner exports every one of them onto the pdsh command line; tracking URIs
+    and passwords among them) and values with URL userinfo."""
+    return name.startswith("MLFLOW") or has_userinfo(value)
+
+
 def launcher_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """What a launcher process (DeepSpeed's runner, pdsh, mpirun, torchrun) gets of the master's
-    environment: everything but secret-named variables. DeepSpeed's runner exports every MLFLOW*,
-    NCCL*, PYTHON*, MV2* and UCX* variable it sees onto the pdsh command line, which every node's `ps`
-    shows and the runner logs; secrets reach the ranks only through the private file (--env-pass)."""
-    return {name: value for name, value in environ.items() if not is_secret(name)}
+    environment: everything but secrets (by name or URL userinfo) and MLFLOW*. DeepSpeed's runner
+    exports every MLFLOW*, NCCL*, PYTHON*, MV2* and UCX* variable it sees onto the pdsh command line,
+    which every node's `ps` shows and the runner logs; secrets and MLFLOW* reach the ranks only
+    through the private file (private_values)."""
+    return {
+        name: value
+        for name, value in environ.items()
+        if not is_secret_value(name, value) and not name.startswith("MLFLOW")
+    }
 
 
 _EXPORT = re.compile(r"(\bexport\s+[A-Za-z_][A-Za-z0-9_]*=)(\"[^\"]*\"|'[^']*'|[^;\s]*)")
+# `--hub_token=X`, `hub_token=X` and `--hub_token X`: the name judged as a variable name (is_secret).
+_ARG_ASSIGN = re.compile(r"(?<![\w./-])(-{0,2}([A-Za-z_][A-Za-z0-9_-]*)=)('[^']*'|\"[^\"]*\"|[^\s'\";]+)")
+_ARG_FLAG = re.compile(r"(?<![\w./-])(--?([A-Za-z_][A-Za-z0-9_-]*)\s+)(?!-)('[^']*'|\"[^\"]*\"|[^\s'\";]+)")
 
 
-def mask_exports(line: str) -> str:
-    """A launcher's log line with the values of its `export NAME=value` words hidden (names kept)."""
-    return _EXPORT.sub(r"\1***", line)
+def _secret_arg_name(name: str) -> bool:
+    return is_secret(name.replace("-", "_"))
+
+
+def secret_arguments(argv: Sequence[str]) -> list[str]:
+    """The program arguments that look like they carry a secret: `--hub_token X`, `--token=X`,
+    `*_token=X`, a URL with userinfo (named by the argument before it, or the word itself)."""
+    found: list[str] = []
+    for i, word in enumerate(argv):
+        name, eq, value = word.partition("=")
+        flag = name.lstrip("-")
+        if eq and value and NAME_RE.fullmatch(flag.replace("-", "_")) and _secret_arg_name(flag):
+            found.append(name)
+        elif word.startswith("-") and not eq and _secret_arg_name(flag) and i + 1 < len(argv):
+            if not argv[i + 1].startswith("-"):
+                found.append(word)
+        elif has_userinfo(word):
+            found.append(argv[i - 1] if i and argv[i - 1].startswith("-") else f"argument {i + 1}")
+    return found
+
+
+def secret_arguments_warning(program: Sequence[str]) -> str | None:
+    """One line for the log when the program's arguments carry what looks like a secret."""
+    found = secret_arguments(program)
+    if not found:
+        return None
+    return (
+        f"argument(s) {', '.join(dict.fromkeys(found))} look like a secret, and a launcher's argv is "
+        "visible to `ps` on the master and every node (the log shows it masked); fix: put it in the "
+        "environment instead (export NAME=... on the master, --env-pass NAME) and have the program "
+        "read it from there"
+    )
+
+
+def mask_secrets(line: str) -> str:
+    """A line for the log (a launcher's output, the `launching:` command) with the values hidden of
+    its `export NAME=value` words, token-like arguments (`--hub_token X`, `--token=X`, `*_token=X`)
+    and URL userinfo (`https://***@host`); names kept."""
+    line = _EXPORT.sub(r"\1***", line)
+    line = _ARG_ASSIGN.sub(lambda m: f"{m[1]}***" if _secret_arg_name(m[2]) else m[0], line)
+    line = _ARG_FLAG.sub(lambda m: f"{m[1]}***" if _secret_arg_name(m[2]) else m[0], line)
+    return _USERINFO.sub(r"\1***@", line)
 
 
 def is_forwarded(name: str) -> bool:
@@ -159,7 +226,7 @@ def check_name(name: str, where: str) -> None:
 def check_variable(name: str, value: str, where: str) -> None:
     """Raise ConfigError unless NAME=value can go into the env file; `where` names the origin."""
     check_name(name, where)
-    if is_secret(name):
+    if is_secret_value(name, value):
         raise ConfigError(
             f"{where}: {name} looks like a secret and the env file is pasted into the pdsh command line "
             f"(visible in ps and logs); fix: export it on the master and pass --env-pass {name}"

@@ -25,7 +25,8 @@ from gaudi_cluster.env.envfile import (
     EnvFile,
     check_variable,
     is_forwarded,
-    is_secret,
+    is_private_by_default,
+    is_secret_value,
     parse_env_file,
     value_problem,
 )
@@ -115,7 +116,8 @@ def build_env_file(
     for name in sorted(environ):
         if not is_forwarded(name):
             continue
-        problem = "looks like a secret" if is_secret(name) else value_problem(environ[name])
+        secret = is_secret_value(name, environ[name])
+        problem = "looks like a secret" if secret else value_problem(environ[name])
         if problem:
             dropped.append((name, problem))
             continue
@@ -139,14 +141,17 @@ def private_values(
     user_files: Sequence[UserEnvFile], env_pass: Sequence[str], environ: Mapping[str, str]
 ) -> dict[str, str]:
     """What goes through the job's private file: --env-pass names, and the user files' secrets and
-    values pdsh would rewrite. Known before the survey, so the probe can stage it on every node."""
-    private: dict[str, str] = {}
+    values pdsh would rewrite, and the master's MLFLOW* (envfile.is_private_by_default: no launcher
+    gets them). Known before the survey, so the probe can stage it on every node."""
+    private: dict[str, str] = {
+        name: value for name, value in sorted(environ.items()) if name.startswith("MLFLOW")
+    }
     for user_file in user_files:
         for name, value in user_file.values:
             if name in LAUNCHER_OWNED:
                 continue
             private.pop(name, None)
-            if is_secret(name) or value_problem(value):
+            if is_secret_value(name, value) or is_private_by_default(name, value) or value_problem(value):
                 private[name] = value
     for name in env_pass:
         if name not in environ:

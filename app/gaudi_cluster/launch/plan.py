@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from gaudi_cluster.env.envfile import mask_secrets
 from gaudi_cluster.errors import ConfigError
 from gaudi_cluster.nodes.hostfile import Hostfile
 from gaudi_cluster.wire.node_spec import AGENT_MODULE
@@ -37,6 +38,12 @@ def render_shell(plan: LaunchPlan) -> str:
     cmd = shlex.join(plan.argv)
     line = f"{prefix} {cmd}" if prefix else cmd
     return f"{line} <<'SPEC'\n{plan.stdin}\nSPEC" if plan.stdin is not None else line
+
+
+def log_line(plan: LaunchPlan) -> str:
+    """The launch command for the master's `launching:` line: one line, token-like arguments and URL
+    userinfo masked (envfile.mask_secrets)."""
+    return mask_secrets(render_shell(plan).split("\n")[0])
 
 
 @dataclass(frozen=True)

@@ -265,6 +265,9 @@ def prepare(
     # What the launcher needs on this machine is checked before it plans (DeepSpeed's backend_exists).
     tools.check_requirements(settings.launcher, launcher.requires(inputs), mpirun_major=lambda: mpirun_major)
     launch = launcher.plan(inputs)
+    warning = envfile.secret_arguments_warning(program)
+    if warning is not None:
+        log.warning("warning: %s", warning)
     if inputs.mpi_tree_spawn and survey.ssh_config and not survey.local and not settings.dry_run:
         # mpirun's ssh arguments name the job's config (-F): tree spawn reads it on other nodes too.
         others = [host for host in survey.hosts if host != survey.this_node]

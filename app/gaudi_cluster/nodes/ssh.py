@@ -1,8 +1,11 @@
 """ssh to the nodes: one job-local client config, parallel commands, readable failures.
 
-Host-key trust is per job: `StrictHostKeyChecking accept-new` into a known_hosts file inside the
-job's directory, so a cluster rebuilt with new host keys never trips a stale global known_hosts and
-trust is never disabled globally. Every call is BatchMode (never prompts) with a connect timeout.
+Host-key trust is per job, in a known_hosts file inside the job's directory: with the keys of make keys,
+`@cert-authority * <host CA>` (a node must present a host certificate of the cluster's CA naming the
+name or address the master dialled; StrictHostKeyChecking yes), else a pre-CA key directory's one
+shared host key, else `accept-new` (first contact pins a key). A cluster rebuilt with new host keys
+never trips a stale global known_hosts and trust is never disabled globally. Every call is BatchMode
+(never prompts) with a connect timeout.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 
 from gaudi_cluster.errors import ConfigError
 from gaudi_cluster.nodes import parallel
+from gaudi_cluster.rank.jobdir import write_private_file
 
 
 @dataclass(frozen=True)
@@ -54,23 +58,23 @@ def write_ssh_config(
     identity: Path | None,
     connect_timeout_s: int = 5,
     control_dir: Path | None = None,
-    host_key: str | None = None,
+    host_trust: str | None = None,
 ) -> Path:
     """The job's ssh client config. With `control_dir`, every session to a node rides on the one
     connection `open_connections` made (probe, launch, clean-up: no new handshake each time); a
-    session finds no such connection and ssh simply connects on its own. With `host_key` (the
-    cluster's, "TYPE BASE64"), every node must answer with it: a node with another key is refused
+    session finds no such connection and ssh simply connects on its own. With `host_trust` (a
+    known_hosts line, `cluster_trust`), every node must pass it: a node that does not is refused
     before anything (the probe's secrets included) is sent; without one, first contact pins a key."""
     known_hosts = job_dir / "known_hosts"
-    if host_key is not None:
-        known_hosts.write_text(f"* {host_key}\n")
+    if host_trust is not None:
+        write_private_file(known_hosts, f"{host_trust}\n")
     lines = [
         "Host *",
         f"  Port {port}",
         "  User root",
         "  BatchMode yes",
         f"  ConnectTimeout {connect_timeout_s}",
-        f"  StrictHostKeyChecking {'yes' if host_key else 'accept-new'}",
+        f"  StrictHostKeyChecking {'yes' if host_trust else 'accept-new'}",
         f"  UserKnownHostsFile {known_hosts}",
         "  GlobalKnownHostsFile /dev/null",
         # A partitioned node must not keep a launcher's ssh session alive for hours.
@@ -85,8 +89,7 @@ def write_ssh_config(
         # %C: a hash of this host, the node, port and user (short enough for a socket path).
         lines += ["  ControlMaster no", f"  ControlPath {control_dir}/%C"]
     path = job_dir / "ssh_config"
-    path.write_text("\n".join(lines) + "\n")
-    path.chmod(0o600)
+    write_private_file(path, "\n".join(lines) + "\n")
     return path
 
 
@@ -137,10 +140,16 @@ def explain_ssh_failure(result: SshResult, port: int) -> str:
     if "timed out" in err or "No route to host" in err or "Network is unreachable" in err:
         return f"unreachable ({last}); fix: check the network between the nodes"
     if "REMOTE HOST IDENTIFICATION HAS CHANGED" in err or "Host key verification failed" in err:
+        why = (
+            "its certificate does not name it"
+            if "not a listed principal" in err
+            else "no certificate of the cluster's CA for this name"
+        )
         return (
-            "answered with a host key that is not the cluster's (an impostor at this name or address, or "
-            "a node started without the cluster's host key); nothing was sent to it; fix: start that node "
-            "with the keys of make keys (ssh_host_ed25519_key) or leave it out of the peers"
+            f"answered with a host key that is not the cluster's ({why}: an impostor at this name or "
+            "address, or a node started without its own keys); nothing was sent to it; fix: make keys "
+            f"NAMES={result.host} and start that node with .keys/nodes/{result.host} mounted, or leave it "
+            "out of the peers"
         )
     if result.returncode == 255:
         return f"ssh failed ({last or 'exit 255'})"
@@ -169,16 +178,32 @@ def wait_for_sshd(
 IDENTITY_NAMES = ("id_ed25519", "id_rsa")
 
 
+HOST_CA_NAME = "host_ca.pub"
+# A key directory made before the host CA: one host key that every node served.
 HOST_KEY_NAME = "ssh_host_ed25519_key.pub"
 
 
-def cluster_host_key(ssh_dir: Path) -> str | None:
-    """The cluster's host key ("TYPE BASE64") from the key directory (make keys), or None."""
+def _public_key(path: Path) -> str | None:
     try:
-        words = (ssh_dir / HOST_KEY_NAME).read_text().split()
+        words = path.read_text().split()
     except OSError:
         return None
     return " ".join(words[:2]) if len(words) >= 2 else None
+
+
+def cluster_trust(ssh_dir: Path) -> str | None:
+    """The known_hosts line the nodes must pass, from the key directory (make keys): the host CA
+    (`@cert-authority * TYPE BASE64`), else a pre-CA directory's shared host key (`* TYPE BASE64`,
+    `is_shared_host_key`), else None (nothing to pin)."""
+    ca = _public_key(ssh_dir / HOST_CA_NAME)
+    if ca is not None:
+        return f"@cert-authority * {ca}"
+    shared = _public_key(ssh_dir / HOST_KEY_NAME)
+    return f"* {shared}" if shared is not None else None
+
+
+def is_shared_host_key(trust: str) -> bool:
+    return not trust.startswith("@cert-authority ")
 
 
 def default_identity(ssh_dir: Path) -> Path | None:
@@ -213,17 +238,27 @@ def close_connections(hosts: Iterable[str], config: Path) -> None:
     parallel.run_all(commands, timeout_s=5)
 
 
-# Writes each file of a JSON {name: text} on stdin into the directory argv[1], owner-only, atomically.
+# Writes each file of a JSON {name: text} on stdin into the directory argv[1], owner-only, atomically:
+# a directory someone else made (or one open to others, or a symlink) is refused, each file is new
+# (O_EXCL|O_NOFOLLOW: never a planted file or link), as rank/jobdir does on the master.
 _WRITE_FILES = (
-    "import json, os, sys\n"
+    "import json, os, secrets, stat, sys\n"
     "directory = sys.argv[1]\n"
-    "os.makedirs(directory, mode=0o700, exist_ok=True)\n"
+    "os.makedirs(os.path.dirname(directory), mode=0o755, exist_ok=True)\n"
+    "try:\n"
+    "    os.mkdir(directory, 0o700)\n"
+    "except FileExistsError:\n"
+    "    pass\n"
+    "st = os.lstat(directory)\n"
+    "if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:\n"
+    "    sys.exit(f'{directory} is not a directory of ours closed to others; fix: remove it')\n"
     "for name, text in json.load(sys.stdin).items():\n"
     "    path = os.path.join(directory, name)\n"
-    "    fd = os.open(path + '.part', os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)\n"
+    "    part = f'{path}.{secrets.token_hex(8)}.part'\n"
+    "    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)\n"
     "    with os.fdopen(fd, 'w') as out:\n"
     "        out.write(text)\n"
-    "    os.replace(path + '.part', path)\n"
+    "    os.replace(part, path)\n"
 )
 
 

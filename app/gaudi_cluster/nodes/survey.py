@@ -219,16 +219,23 @@ def survey_nodes(
     if identity is not None:
         ssh.check_private_key(identity)
     control_dir = Path(tempfile.mkdtemp(prefix="gc-ssh-"))  # short: socket paths are capped at ~100
-    host_key = ssh.cluster_host_key(Path(config.ssh_dir))
-    if host_key is None:
+    host_trust = ssh.cluster_trust(Path(config.ssh_dir))
+    if host_trust is None:
         log.warning(
             "host keys are not pinned: no %s in %s, so each node's key is trusted at first contact; "
-            "fix: make keys (it adds the cluster's host key) and mount it on every node",
-            ssh.HOST_KEY_NAME,
+            "fix: make keys (it adds the cluster's host CA and each node's certified key) and mount "
+            ".keys/master on the master, .keys/nodes/NAME on each node",
+            ssh.HOST_CA_NAME,
             config.ssh_dir,
         )
+    elif ssh.is_shared_host_key(host_trust):
+        log.warning(
+            "every node serves one shared host key (Kubernetes, or a key directory from before the host "
+            "CA), so a node can pass for another; fix: give each node its own certified key (make keys "
+            "NAMES=..., mount .keys/master on the master, .keys/nodes/NAME on each node)"
+        )
     ssh_config = ssh.write_ssh_config(
-        job_dir, config.ssh_port, identity, control_dir=control_dir, host_key=host_key
+        job_dir, config.ssh_port, identity, control_dir=control_dir, host_trust=host_trust
     )
     everyone = (*nodes.hosts, *spares)
     ssh.open_connections(everyone, ssh_config, max(5.0, deadline - time.monotonic()))

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gaudi_cluster.env.envfile import is_secret
+from gaudi_cluster.env.envfile import is_secret_value
 from gaudi_cluster.errors import ConfigError, quoted
 from gaudi_cluster.settings.setting_types import (
     SettingError,
@@ -269,7 +269,7 @@ def _redacted(name: str, value: Any) -> str:
     """Values of --env reach the log line only for names that cannot be secrets."""
     if name != "env":
         return repr(value)
-    return repr(";".join(f"{key}={'***' if is_secret(key) else shown}" for key, shown in value))
+    return repr(";".join(f"{key}={'***' if is_secret_value(key, shown) else shown}" for key, shown in value))
 
 
 def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str]) -> ClusterConfig:

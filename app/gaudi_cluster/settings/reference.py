@@ -52,6 +52,13 @@ VARIABLES: tuple[Variable, ...] = (
         "GAUDI_CLUSTER_KEYS", ReadBy.NODE_SCRIPTS, ".keys", "where `make keys` wrote the cluster's keys"
     ),
     Variable(
+        "GAUDI_CLUSTER_NODE_KEYS",
+        ReadBy.NODE_SCRIPTS,
+        "(required)",
+        "compose/node.yaml: this node's part of the keys, `.keys/master` on the master, "
+        "`.keys/nodes/NAME` on a worker (never `.keys` itself: it holds the host CA)",
+    ),
+    Variable(
         "GAUDI_CLUSTER_OUTPUT",
         ReadBy.NODE_SCRIPTS,
         "/data/gaudi-cluster",

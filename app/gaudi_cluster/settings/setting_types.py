@@ -10,7 +10,13 @@ import math
 import re
 from collections.abc import Callable
 
-from gaudi_cluster.env.envfile import LAUNCHER_OWNED, check_name, is_secret, split_assignments, value_problem
+from gaudi_cluster.env.envfile import (
+    LAUNCHER_OWNED,
+    check_name,
+    is_secret_value,
+    split_assignments,
+    value_problem,
+)
 from gaudi_cluster.errors import ConfigError
 from gaudi_cluster.settings.host_names import MAX_SLOTS, host_problem, peer_list_problem
 
@@ -152,7 +158,7 @@ def assignments(value: str) -> tuple[tuple[str, str], ...]:
             str(error).split("; fix:")[0].removeprefix("value: "), "write NAME=value"
         ) from None
     for name, text in pairs.items():
-        if is_secret(name):
+        if is_secret_value(name, text):
             raise SettingError(
                 f"{name} looks like a secret and would be visible on command lines and in logs",
                 f"export {name} on the master and pass --env-pass {name} instead",

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from gaudi_cluster.env.envfile import mask_exports
+from gaudi_cluster.env.envfile import mask_secrets
 
 log = logging.getLogger("gaudi_cluster.supervise.console")
 
@@ -128,7 +128,7 @@ class RankOutput:
             if self.quiet:
                 return
             remote = _PDSH_LINE.match(line)
-            shown = mask_exports(line)  # DeepSpeed's runner logs its pdsh command, values included
+            shown = mask_secrets(line)  # DeepSpeed's runner logs its pdsh command, values included
             self.show(f"[{remote['host']}] {remote['rest']}" if remote else f"[launcher] {shown}")
             return
         if self.logs is not None:
