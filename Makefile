@@ -12,8 +12,12 @@ IMAGE_CPU ?= $(IMAGE_NAME):cpu
 # The gaudi flavor's pin set (app/gaudi_cluster/settings/profiles.json): gaudi = Gaudi 2/3 on Synapse 1.24,
 # gaudi-1.23 = Gaudi 2/3 one release behind, dl1 = first-gen Gaudi (AWS DL1, 1.21).
 PROFILE ?= gaudi
-# The full SHA of Habana's DeepSpeed branch where the profile records none (see its commit_note).
+# Habana's DeepSpeed fork: a full commit to install (default: the profile's, else the last build's pin file
+# PINS_DIR/PROFILE.env, else the branch head that `git ls-remote HABANA_DEEPSPEED_REPO` resolves), and the
+# fork's git URL (default: profiles.json facts.deepspeed_fork_repo; a local path or mirror works).
 HABANA_DEEPSPEED_COMMIT ?=
+HABANA_DEEPSPEED_REPO ?=
+PINS_DIR ?= build/pins
 # Stdlib only, so `make image` needs no venv on the build machine.
 PROFILES := PYTHONPATH=app python3 -m gaudi_cluster.settings.profiles_cli
 BASE_IMAGE_CPU ?= gaudi-cluster/debian:bookworm
@@ -101,10 +105,12 @@ image-cpu: base-image wheelhouse ## build the cpu flavor (offline)
 
 image: ## build the gaudi flavor of PROFILE (gaudi: Gaudi 2/3 on 1.24; gaudi-1.23; dl1: AWS DL1); needs vault.habana.ai; DRY_RUN=1 prints
 	$(PROFILES) check
-	args=(docker-build $(PROFILE) --image-name $(IMAGE_NAME) --version $(VERSION) --git-rev $(GIT_REV) \
-	  --deepspeed-commit "$(HABANA_DEEPSPEED_COMMIT)"); \
-	if [[ "$${DRY_RUN:-0}" == 1 ]]; then $(PROFILES) "$${args[@]}" --dry-run; \
-	else cmd="$$($(PROFILES) "$${args[@]}")"; eval "$$cmd"; fi
+	if [[ "$${DRY_RUN:-0}" == 1 ]]; then \
+	  $(PROFILES) docker-build $(PROFILE) --image-name $(IMAGE_NAME) --version $(VERSION) --git-rev $(GIT_REV) \
+	    --deepspeed-commit "$(HABANA_DEEPSPEED_COMMIT)" --deepspeed-repo "$(HABANA_DEEPSPEED_REPO)" \
+	    --pins-dir "$(PINS_DIR)" --dry-run; \
+	else HABANA_DEEPSPEED_COMMIT="$(HABANA_DEEPSPEED_COMMIT)" HABANA_DEEPSPEED_REPO="$(HABANA_DEEPSPEED_REPO)" \
+	  PINS_DIR="$(PINS_DIR)" scripts/build-gaudi-image.sh $(PROFILE) $(IMAGE_NAME) $(VERSION) $(GIT_REV); fi
 
 image-gaudi: ## make image PROFILE=gaudi (Gaudi 2 / Gaudi 3)
 	$(MAKE) image PROFILE=gaudi
