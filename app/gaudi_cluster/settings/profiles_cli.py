@@ -118,7 +118,7 @@ def _docker_build(args: argparse.Namespace) -> int:
 def _pair(item: str) -> tuple[str, str]:
     name, sep, value = item.partition("=")
     if not sep or not name:
-        raise ConfigError(f"--set {item!r} is not NAME=VALUE; fix: e.g. --set BASE_IMAGE=my/base:tag")
+        raise ConfigError(f"--set {item!r} is not NAME=VALUE; fix: NAME=VALUE, e.g. BASE_IMAGE=x:1")
     return name, value
 
 
