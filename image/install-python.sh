@@ -83,10 +83,11 @@ install_gaudi_packages() {
 	read -r -a pins <<<"$PYTHON_PINS"
 	# HabanaAI/DeepSpeed publishes a branch per Synapse release, no tags: installed by the commit make image
 	# chose (the image's label says which). PIP_INDEX_URL / PIP_NO_INDEX + PIP_FIND_LINKS in the base's
-	# environment are honoured, so an air-gapped base with a wheel directory builds offline.
+	# environment are honoured, so an air-gapped base with a wheel directory builds offline. A bare URL, as
+	# in Intel's docs: older pips refuse a PEP 508 "name @ git+file:///..." (no host).
 	note "Habana DeepSpeed ${HABANA_DEEPSPEED_REF} from ${HABANA_DEEPSPEED_REPO}"
 	PIP_NO_CACHE_DIR=1 "$(python)" -m pip install --disable-pip-version-check \
-		"deepspeed @ git+${HABANA_DEEPSPEED_REPO}@${HABANA_DEEPSPEED_REF}" "${pins[@]}"
+		"git+${HABANA_DEEPSPEED_REPO}@${HABANA_DEEPSPEED_REF}" "${pins[@]}"
 	torch_after="$(dist_version torch)"
 	[[ "$torch_after" == "$torch_before" ]] \
 		|| die "installing the profile's packages replaced Habana's torch $torch_before with $torch_after; fix: pin packages that accept torch $PT_VERSION"

@@ -20,7 +20,7 @@ import testinfra
 from gaudi_cluster.settings import fork_pin, profiles
 
 from tests.image.test_image import test_no_layer_holds_a_private_or_host_key as no_key_in_a_layer
-from tests.support.docker import ROOT, SSH_DIR, Containers, docker, health, run_once, wait_until
+from tests.support.docker import ROOT, SESSION, SSH_DIR, Containers, docker, health, run_once, wait_until
 
 pytestmark = pytest.mark.docker
 
@@ -44,7 +44,7 @@ def labels(standin) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def pool(request, standin, cluster_keys) -> Iterator[Containers]:
-    containers = Containers(standin, cluster_keys)
+    containers = Containers(standin, cluster_keys, network=f"gc-test-{SESSION}-standin")
     request.addfinalizer(lambda: containers.remove_all(show_logs=request.session.testsfailed > 0))
     yield containers
 
@@ -93,7 +93,7 @@ def test_the_profiles_pins_are_installed_and_torch_is_the_bases(host):
         "print(json.dumps({n: m.version(n) for n in sys.argv[1:]}))"
     )
     names = [*PROFILE.data["python_pins"], *PROFILE.data["control_plane_pins"], "torch"]
-    found = json.loads(host.check_output("python3 -c %s %s", script, " ".join(names)))
+    found = json.loads(host.check_output("python3 -c %s" + " %s" * len(names), script, *names))
     for name, pin in {**PROFILE.data["python_pins"], **PROFILE.data["control_plane_pins"]}.items():
         assert found[name] == pin, name
     assert found["torch"].startswith(PROFILE.data["pytorch"])
