@@ -7,7 +7,7 @@
 #   2. the stand-in base image STANDIN_BASE (Dockerfile here) on gaudi-cluster/debian:bookworm;
 #   3. scripts/build-gaudi-image.sh gaudi, as make image runs it, with the fork at that bare repository
 #      (git ls-remote resolves it), the pin file in build/gaudi-standin/pins, and three build arguments
-#      set: BASE_IMAGE (the stand-in), LIBFABRIC_SOURCE=base (no tarball download offline: the base's
+#      set: BASE_IMAGE (the stand-in), PT_VERSION (its CPU torch), LIBFABRIC_SOURCE=base (no tarball download offline: the base's
 #      libfabric at the profile's root) and HCCL_OFI_WRAPPER_URL (the stand-in's file:// tarball).
 # Every step is cached: a second run rebuilds nothing unless an input changed.
 # `make-standin.sh context` makes step 1 only (no Docker).
@@ -20,19 +20,23 @@ fork="$ctx/deepspeed-fork.git"
 base="${STANDIN_BASE:-gaudi-cluster/gaudi-standin:1.24.1}"
 image_name="${STANDIN_IMAGE_NAME:-gaudi-cluster-standin}"
 debian="${BASE_IMAGE_CPU:-gaudi-cluster/debian:bookworm}"
+# The stand-in's torch: the cpu flavor's CPU build (its wheel is in build/wheelhouse) for Habana's 2.11.0,
+# so that the build's own imports (transformers, in the embedded data step) work; PT_VERSION says so.
+readonly STANDIN_TORCH=2.13.0
 
 note() { printf 'make-standin: %s\n' "$*" >&2; }
 
 wheels() {
-	local pin file
+	local pin file prefix
 	mkdir -p "$ctx/wheels"
 	# The cpu wheelhouse already holds most of them: hard links, not a second download.
 	while read -r pin; do
 		for file in "$root"/build/wheelhouse/*.whl; do
 			[[ -e "$file" ]] || continue
 			local name="${file##*/}"
-			[[ "${name,,}" == "$(printf '%s' "${pin%%==*}" | tr '[:upper:]-' '[:lower:]_')-${pin#*==}-"* ]] \
-				&& ln -f "$file" "$ctx/wheels/" 2>/dev/null
+			prefix="$(printf '%s' "${pin%%==*}" | tr '[:upper:]-' '[:lower:]_')-${pin#*==}"
+			# torch==2.13.0 is the file torch-2.13.0+cpu-...: a local label counts (PEP 440).
+			[[ "${name,,}" == "$prefix"-* || "${name,,}" == "$prefix"+* ]] && ln -f "$file" "$ctx/wheels/" 2>/dev/null
 		done
 	done < <(grep -v '^#' "$here/wheels.txt")
 	"$root/scripts/make-wheelhouse.sh" "$here/wheels.txt" "$ctx/wheels"
@@ -78,11 +82,12 @@ main() {
 	context
 	[[ "${1:-}" == context ]] && return
 	note "stand-in base $base (on $debian)"
-	docker build -q -t "$base" --build-arg DEBIAN_BASE="$debian" --build-arg FORK_PATH="$fork" "$ctx" >/dev/null
+	docker build -q -t "$base" --build-arg DEBIAN_BASE="$debian" --build-arg FORK_PATH="$fork" \
+		--build-arg PT_VERSION="$STANDIN_TORCH" "$ctx" >/dev/null
 	note "base ready after $((SECONDS - started)) s; building the gaudi flavor on it"
 	PINS_DIR="$ctx/pins" HABANA_DEEPSPEED_REPO="file://$fork" HABANA_DEEPSPEED_COMMIT="" \
 		"$root/scripts/build-gaudi-image.sh" gaudi "$image_name" "${VERSION:-0.1.0}" "${GIT_REV:-standin}" \
-		--set BASE_IMAGE="$base" --set LIBFABRIC_SOURCE=base \
+		--set BASE_IMAGE="$base" --set LIBFABRIC_SOURCE=base --set PT_VERSION="$STANDIN_TORCH" \
 		--set HCCL_OFI_WRAPPER_URL=file:///opt/standin/hccl_ofi_wrapper.tar.gz
 	note "done in $((SECONDS - started)) s: $image_name:gaudi"
 }

@@ -16,10 +16,9 @@ ln -s /usr/include "$fabric/include"
 ln -sf /usr/bin/python3 /usr/bin/python
 
 site="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-mkdir -p "$site/habana_frameworks/torch" "$site/torch"
+mkdir -p "$site/habana_frameworks/torch"
 printf '"""TEST-ONLY stub of habana_frameworks (gaudi stand-in base)."""\n' >"$site/habana_frameworks/__init__.py"
 : >"$site/habana_frameworks/torch/__init__.py"
-printf '"""TEST-ONLY stub of Habana'"'"'s torch (gaudi stand-in base)."""\n__version__ = "%s"\n' "$pt" >"$site/torch/__init__.py"
 # Metadata only: what the build reads (importlib.metadata) and what pip sees as installed.
 dist() {
 	local dir="$site/${1//-/_}-$2.dist-info"
@@ -28,10 +27,10 @@ dist() {
 	printf 'pip\n' >"$dir/INSTALLER"
 	: >"$dir/RECORD"
 }
-dist torch "${pt}+hpu.standin"
 dist habana-torch-plugin "$plugin"
-# What the vault base has preinstalled and the image uses without installing it (the runtime step's matplotlib).
-python3 -m pip install -q --no-cache-dir numpy==2.4.6 matplotlib==3.11.2 psutil==7.2.2 PyYAML==6.0.4 packaging==26.4
+# What the vault base has preinstalled and the image uses without installing it: torch (here the CPU
+# build PT_VERSION of the wheels), the runtime step's matplotlib.
+python3 -m pip install -q --no-cache-dir "torch==$pt" numpy==2.4.6 matplotlib==3.11.2 psutil==7.2.2 PyYAML==6.0.4 packaging==26.4
 
 mkdir -p /etc/profile.d
 printf 'export HABANA_LOGS=/var/log/habana_logs\n' >/etc/profile.d/habanalabs.sh
