@@ -115,6 +115,7 @@ image: ## build the gaudi flavor of PROFILE (gaudi: Gaudi 2/3 on 1.24; gaudi-1.2
 
 # TEST-ONLY: the gaudi flavor's Dockerfile path built offline on a stand-in of the vault base
 # (tests/image/standin); tests/image/test_gaudi_standin.py checks the result (gaudi-cluster-standin:gaudi).
+# Measured on 2 shared cores: 230 s with only the stand-in base's Debian packages cached, 18 s warm.
 image-gaudi-standin: base-image wheelhouse ## build the gaudi profile offline on a stand-in base (tests/image/standin)
 	VERSION=$(VERSION) GIT_REV=$(GIT_REV) tests/image/standin/make-standin.sh
 
