@@ -42,6 +42,8 @@ ARG SYNAPSE_VERSION=""
 ARG HABANA_TORCH_PLUGIN_VERSION=""
 ARG HCCL_OFI_WRAPPER_COMMIT=""
 ARG HCCL_OFI_WRAPPER_INTERFACE=""
+# The wrapper's source tarball at that commit (default: GitHub's archive; a file:// URL builds offline).
+ARG HCCL_OFI_WRAPPER_URL=""
 ARG OPENMPI_ROOT=""
 ARG OPENMPI_MAJOR=""
 ARG LIBFABRIC_SOURCE=""
@@ -73,6 +75,8 @@ ARG DS_ACCELERATOR=cpu
 # gaudi only (make image passes them from the profile): the Python packages on top of Habana's PyTorch.
 ARG PROFILE=""
 ARG PT_VERSION=""
+# The fork's git URL and the full commit make image chose (given, recorded, or git ls-remote of the branch).
+ARG HABANA_DEEPSPEED_REPO=""
 ARG HABANA_DEEPSPEED_REF=""
 ARG HABANA_DEEPSPEED_COMMIT_PREFIX=""
 ARG HABANA_DEEPSPEED_VERSION=""
@@ -141,4 +145,6 @@ LABEL org.opencontainers.image.title="gaudi-cluster" \
       org.opencontainers.image.revision="${GIT_REV}" \
       org.opencontainers.image.source="${SOURCE_URL}" \
       io.gaudi-cluster.flavor="${FLAVOR}" \
-      io.gaudi-cluster.profile="${PROFILE}"
+      io.gaudi-cluster.profile="${PROFILE}" \
+      io.gaudi-cluster.habana-deepspeed.commit="${HABANA_DEEPSPEED_REF}" \
+      io.gaudi-cluster.habana-deepspeed.repo="${HABANA_DEEPSPEED_REPO}"

@@ -12,6 +12,8 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 readonly WRAPPER_NAME=libhccl_ofi_wrapper.so
 readonly WRAPPER_DEST=/usr/lib/habanalabs/$WRAPPER_NAME
 readonly REPO=https://github.com/HabanaAI/hccl_ofi_wrapper
+# The source tarball of the commit: GitHub's archive unless the build passes another (file:// works).
+url="${HCCL_OFI_WRAPPER_URL:-$REPO/archive/${HCCL_OFI_WRAPPER_COMMIT:-}.tar.gz}"
 
 note() { printf 'build-hccl-ofi-wrapper: %s\n' "$*" >&2; }
 die() {
@@ -36,7 +38,7 @@ first_on_loader_path() {
 build_wrapper() {
 	local src="$1/hccl_ofi_wrapper"
 	mkdir -p "$src"
-	curl -fsSL "$REPO/archive/${HCCL_OFI_WRAPPER_COMMIT}.tar.gz" | tar -xz -C "$src" --strip-components=1
+	curl -fsSL "$url" | tar -xz -C "$src" --strip-components=1
 	# The Makefile's default goal is the target named `make`; it reads LIBFABRIC_ROOT.
 	make -C "$src" LIBFABRIC_ROOT="$LIBFABRIC_ROOT"
 	bash "$here/check-hccl-ofi-wrapper.sh" "$src/$WRAPPER_NAME" "$HCCL_OFI_WRAPPER_INTERFACE"
@@ -64,7 +66,7 @@ main() {
 	[[ "$HCCL_OFI_WRAPPER_COMMIT" =~ ^[0-9a-f]{40}$ ]] \
 		|| die "HCCL_OFI_WRAPPER_COMMIT='$HCCL_OFI_WRAPPER_COMMIT' is not a commit SHA; fix: pin a full SHA in profiles.json"
 	work="$(mktemp -d)"
-	note "hccl_ofi_wrapper ${HCCL_OFI_WRAPPER_COMMIT} against $LIBFABRIC_ROOT -> $WRAPPER_DEST"
+	note "hccl_ofi_wrapper ${HCCL_OFI_WRAPPER_COMMIT} ($url) against $LIBFABRIC_ROOT -> $WRAPPER_DEST"
 	build_wrapper "$work"
 	check_resolution
 	rm -rf "$work"

@@ -72,19 +72,22 @@ PY
 
 install_gaudi_packages() {
 	local name torch_before torch_after commit pins=()
-	for name in PROFILE PT_VERSION HABANA_DEEPSPEED_REF HABANA_DEEPSPEED_VERSION PYTHON_PINS; do
+	for name in PROFILE PT_VERSION HABANA_DEEPSPEED_REPO HABANA_DEEPSPEED_REF HABANA_DEEPSPEED_VERSION PYTHON_PINS; do
 		[[ -n "${!name:-}" ]] || die "FLAVOR=gaudi needs --build-arg $name; fix: build with 'make image PROFILE=...'"
 	done
-	# Never whatever the branch head is today: a profile without a recorded commit builds only with one given.
-	[[ -n "${HABANA_DEEPSPEED_COMMIT_PREFIX:-}" ]] \
-		|| die "Habana's DeepSpeed ${HABANA_DEEPSPEED_REF} is not pinned (no commit in profiles.json); fix: make image HABANA_DEEPSPEED_COMMIT=<full SHA of the branch head>"
+	# A commit, never a branch: make image resolves the branch (git ls-remote) and passes its commit here.
+	[[ -n "${HABANA_DEEPSPEED_COMMIT_PREFIX:-}" && "$HABANA_DEEPSPEED_REF" =~ ^[0-9a-f]{40}$ ]] \
+		|| die "Habana's DeepSpeed ref '${HABANA_DEEPSPEED_REF}' is not a commit; fix: build with make image (it resolves the branch), or make image HABANA_DEEPSPEED_COMMIT=<full SHA>"
 	torch_before="$(dist_version torch)"
 	[[ "$torch_before" == "$PT_VERSION"* ]] || die "the base image has torch $torch_before, the profile pins PyTorch $PT_VERSION"
 	read -r -a pins <<<"$PYTHON_PINS"
-	# HabanaAI/DeepSpeed publishes a branch per Synapse release, no tags. A profile pins a commit SHA where one
-	# is known; otherwise the branch name, and the commit check below fails the build if the branch moved.
+	# HabanaAI/DeepSpeed publishes a branch per Synapse release, no tags: installed by the commit make image
+	# chose (the image's label says which). PIP_INDEX_URL / PIP_NO_INDEX + PIP_FIND_LINKS in the base's
+	# environment are honoured, so an air-gapped base with a wheel directory builds offline. A bare URL, as
+	# in Intel's docs: older pips refuse a PEP 508 "name @ git+file:///..." (no host).
+	note "Habana DeepSpeed ${HABANA_DEEPSPEED_REF} from ${HABANA_DEEPSPEED_REPO}"
 	PIP_NO_CACHE_DIR=1 "$(python)" -m pip install --disable-pip-version-check \
-		"deepspeed @ git+https://github.com/HabanaAI/DeepSpeed.git@${HABANA_DEEPSPEED_REF}" "${pins[@]}"
+		"git+${HABANA_DEEPSPEED_REPO}@${HABANA_DEEPSPEED_REF}" "${pins[@]}"
 	torch_after="$(dist_version torch)"
 	[[ "$torch_after" == "$torch_before" ]] \
 		|| die "installing the profile's packages replaced Habana's torch $torch_before with $torch_after; fix: pin packages that accept torch $PT_VERSION"

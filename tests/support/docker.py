@@ -70,11 +70,12 @@ def running(name: str) -> bool:
 class Containers:
     """Starts labelled containers; removes them (and prints their logs on failure) at the end."""
 
-    def __init__(self, image: str, keys: Path) -> None:
+    def __init__(self, image: str, keys: Path, network: str = "") -> None:
         self.image = image
         self.keys = keys
         self.names: list[str] = []
-        self.network = f"gc-test-{SESSION}"
+        # A second pool in one session (another image) needs its own network name.
+        self.network = network or f"gc-test-{SESSION}"
         docker("network", "create", "--label", LABEL, self.network)
 
     def run(

@@ -265,7 +265,7 @@ def test_make_image_renders_the_profiles_docker_build(name):
     assert args["LIBFABRIC_ROOT"] == profile.libfabric_root and args["EFA_ROOT"] == (profile.efa_root or "")
     assert args["LIBFABRIC_SOURCE"] == ("build" if profile.libfabric.built else "base")
     pins = dict(pin.split("==") for pin in args["PYTHON_PINS"].split())
-    assert pins == profile.data["python_pins"]
+    assert pins == {**profile.data["python_pins"], **profile.data["control_plane_pins"]}
     # The summary says the same: the base tag, the release, the wheels and the paths.
     text = "\n".join(summary)
     assert profile.data["base_image"] in text and f"PyTorch {profile.data['pytorch']}" in text
@@ -283,15 +283,21 @@ def test_the_pinned_fork_is_installed_by_commit():
     assert args["HABANA_DEEPSPEED_VERSION"] == "0.16.1+hpu.synapse.v1.21.0"
 
 
-def test_an_unpinned_fork_is_said_in_a_dry_run_and_refused_by_a_build():
-    argv, summary = make_image_dry_run("gaudi")
+def test_an_unrecorded_fork_is_resolved_by_the_build_and_a_dry_run_says_how(tmp_path):
+    argv, summary = make_image_dry_run("gaudi", f"PINS_DIR={tmp_path}")
     args = build_args(argv)
     assert (args["HABANA_DEEPSPEED_REF"], args["HABANA_DEEPSPEED_COMMIT_PREFIX"]) == ("1.23.0", "")
     assert args["HABANA_DEEPSPEED_VERSION"] == "*+hpu.synapse.v1.23.0"
-    assert any("UNPINNED" in line for line in summary)
-    refused = make_image("gaudi")
-    assert refused.returncode != 0 and "make image HABANA_DEEPSPEED_COMMIT=" in refused.stderr
-    assert "docker build" not in refused.stdout
+    assert args["HABANA_DEEPSPEED_REPO"] == RAW["facts"]["deepspeed_fork_repo"]
+    text = "\n".join(summary)
+    assert "git ls-remote -- https://github.com/HabanaAI/DeepSpeed.git refs/heads/1.23.0" in text
+    assert f"recorded in {tmp_path}/gaudi.env" in text and "io.gaudi-cluster.habana-deepspeed.commit" in text
+    # A fork that cannot be resolved: one line naming the fix, no docker build.
+    refused = make_image("gaudi", f"PINS_DIR={tmp_path}", f"HABANA_DEEPSPEED_REPO={tmp_path}/none.git")
+    assert refused.returncode != 0 and "docker build" not in refused.stdout
+    error = [line for line in refused.stderr.splitlines() if "error:" in line]
+    assert len(error) == 1 and "cannot resolve Habana DeepSpeed branch 1.23.0" in error[0]
+    assert "fix: make image HABANA_DEEPSPEED_COMMIT=" in error[0]
     given = build_args(make_image_dry_run("gaudi", f"HABANA_DEEPSPEED_COMMIT={SHA}")[0])
     assert given["HABANA_DEEPSPEED_REF"] == given["HABANA_DEEPSPEED_COMMIT_PREFIX"] == SHA
     wrong = make_image("dl1", "DRY_RUN=1", f"HABANA_DEEPSPEED_COMMIT={SHA}")

@@ -92,6 +92,8 @@ def _optimum_habana_problems(p: Profile) -> list[str]:
             found.append(f"{package} {pins[package]} is outside optimum-habana {oh['version']}'s {spec}")
     if "transformers" not in pins:
         found.append("python_pins lacks transformers (optimum-habana patches one transformers minor)")
+    if "prometheus_client" not in d.get("control_plane_pins", {}):
+        found.append("control_plane_pins lacks prometheus_client (the master's METRICS_PORT, k8s/base)")
     return found
 
 
