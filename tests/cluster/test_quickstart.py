@@ -34,8 +34,8 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
     except OSError:
         continue
     found["argv"].append(argv)
-    if env.get("RANK") == "0" and "train.py" in argv:
-        found["rank0_token"] = env.get("HF_TOKEN")
+    if env.get("RANK") == "0" and "train.py" in argv and "gaudi_cluster" not in argv:  # not its agent
+        found["rank0_token"] = env.get("HF_TOKEN", "")
 print(json.dumps(found))
 """
 
