@@ -67,7 +67,7 @@ VARIABLES: tuple[Variable, ...] = (
         "GAUDI_CLUSTER_PRIVILEGED",
         ReadBy.NODE_SCRIPTS,
         "1",
-        "0 where the host refuses `--privileged`: the node gets a capability set instead (no EFA then)",
+        "0 where the host refuses `--privileged`: a capability set instead, memlock at the host's limit",
     ),
     Variable(
         "GAUDI_CLUSTER_CODE",
