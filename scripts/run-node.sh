@@ -8,6 +8,15 @@
 # GAUDI_CLUSTER_OUTPUT (/data/gaudi-cluster), GAUDI_CLUSTER_RUNTIME (habana; empty for none),
 # GAUDI_CLUSTER_PRIVILEGED (1; 0 where the host refuses --privileged: then the capability set below
 # plus the EFA devices are passed instead), and any GAUDI_CLUSTER_* setting (passed through).
+# Your code and data, on every node (ranks run on every node: give every node the same):
+#   GAUDI_CLUSTER_CODE=DIR     mounted read-only at /workspace/code
+#   GAUDI_CLUSTER_DATA=DIR     mounted read-only at /workspace/data
+#   GAUDI_CLUSTER_HF_HOME=DIR  the Hugging Face cache, mounted at /workspace/hf (HF_HOME=/workspace/hf)
+#   GAUDI_CLUSTER_MOUNTS=SRC:DST[:ro],...  any other host paths
+# The master's rank logs and job state (/run/gaudi-cluster/jobs) are kept on the host in
+# GAUDI_CLUSTER_JOBS (default: the output directory's jobs/). Secrets such as HF_TOKEN: name them with
+# --env-pass NAME or GAUDI_CLUSTER_ENV_PASS=NAME,...; the master's container gets them as `-e NAME`
+# (the value from this environment, never on a command line).
 # DRY_RUN=1 prints the docker command instead of running it.
 set -Eeuo pipefail
 
@@ -39,10 +48,57 @@ for part in "${parts[@]}"; do
 done
 [[ ! -d "$keys/ca" ]] || die "$keys holds the host CA (ca/), which no node may hold; fix: make keys NAMES=\"\$(hostname -s)\" and run again"
 
+memlock=-1:-1
+if [[ "${GAUDI_CLUSTER_PRIVILEGED:-1}" != 1 && "$(ulimit -H -l)" != unlimited ]]; then
+	# Without CAP_SYS_RESOURCE the limit cannot be raised past the host's hard limit (KiB here).
+	memlock="$(($(ulimit -H -l) * 1024))"
+fi
 args=(run --name "gaudi-cluster-$role" --rm --net=host --ipc=host --cap-add=sys_nice
-	--ulimit memlock=-1:-1 --stop-timeout 60
+	--ulimit "memlock=$memlock" --stop-timeout 60
 	-e HABANA_VISIBLE_DEVICES=all -e OMPI_MCA_btl_vader_single_copy_mechanism=none
 	-v "$keys:/run/secrets/gaudi-cluster:ro" -v "$output:/workspace/output")
+# dir_mount VARIABLE TARGET [:ro]: the host directory VARIABLE names, at TARGET (when it is set).
+dir_mount() {
+	local directory="${!1:-}"
+	[[ -z "$directory" ]] && return 0
+	[[ -d "$directory" ]] || die "$1='$directory' is not a directory; fix: $1=/an/existing/directory"
+	args+=(-v "$(cd "$directory" && pwd):$2$3")
+}
+dir_mount GAUDI_CLUSTER_CODE /workspace/code :ro
+dir_mount GAUDI_CLUSTER_DATA /workspace/data :ro
+dir_mount GAUDI_CLUSTER_HF_HOME /workspace/hf ""
+[[ -z "${GAUDI_CLUSTER_HF_HOME:-}" ]] || args+=(-e HF_HOME=/workspace/hf)
+IFS=',' read -r -a mounts <<<"${GAUDI_CLUSTER_MOUNTS:-}"
+for mount in "${mounts[@]}"; do
+	[[ "$mount" == /*:/* && -e "${mount%%:*}" ]] \
+		|| die "GAUDI_CLUSTER_MOUNTS entry '$mount' is not an existing /host/path:/container/path[:ro]; fix: GAUDI_CLUSTER_MOUNTS=/data/set:/workspace/data:ro,/data/hf:/workspace/hf"
+	args+=(-v "$mount")
+done
+if [[ "$role" == master ]]; then
+	# The job's directory (rank logs, job_report inputs) outlives the container (--rm) here.
+	args+=(-v "${GAUDI_CLUSTER_JOBS:-$output/jobs}:/run/gaudi-cluster/jobs")
+	# Names to pass into the master's environment: GAUDI_CLUSTER_ENV_PASS and every --env-pass.
+	passed="${GAUDI_CLUSTER_ENV_PASS:-}"
+	next_is_name=0
+	for word in "$@"; do
+		if [[ "$next_is_name" == 1 ]]; then
+			passed+=",$word"
+			next_is_name=0
+		elif [[ "$word" == --env-pass || "$word" == --env_pass ]]; then
+			next_is_name=1
+		elif [[ "$word" == --env-pass=* || "$word" == --env_pass=* ]]; then
+			passed+=",${word#*=}"
+		fi
+	done
+	IFS=',' read -r -a names <<<"$passed"
+	for name in "${names[@]}"; do
+		[[ -z "$name" ]] && continue
+		[[ "$name" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] \
+			|| die "--env-pass name '$name' is not a variable name; fix: --env-pass HF_TOKEN"
+		# By name only: docker reads the value from this environment, so it is on no command line.
+		[[ -v "$name" ]] && args+=(-e "$name")
+	done
+fi
 [[ -n "$runtime" ]] && args+=(--runtime="$runtime")
 if [[ "${GAUDI_CLUSTER_PRIVILEGED:-1}" == 1 ]]; then
 	args+=(--privileged)
@@ -56,7 +112,7 @@ else
 fi
 while IFS='=' read -r name _; do
 	args+=(-e "$name")
-done < <(env | grep '^GAUDI_CLUSTER_' | grep -v -E '^GAUDI_CLUSTER_(IMAGE|KEYS|OUTPUT|RUNTIME|PRIVILEGED)=')
+done < <(env | grep '^GAUDI_CLUSTER_' | grep -v -E '^GAUDI_CLUSTER_(IMAGE|KEYS|OUTPUT|RUNTIME|PRIVILEGED|CODE|DATA|HF_HOME|MOUNTS|JOBS)=')
 [[ "$role" == worker ]] && args+=(-d)
 args+=("$image" "$role" "$@")
 

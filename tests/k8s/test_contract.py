@@ -18,6 +18,8 @@ after the workers; starting it first is the harder case), and Gaudi: slots are 1
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import time
 import uuid
@@ -53,6 +55,24 @@ JOB = [SCRIPT, "--do_train", "--output_dir", "/workspace/output", "--deepspeed",
 RANK_LINE = re.compile(r"^\[(?P<host>[\w.-]+) rank (?P<rank>\d+)\] ", re.MULTILINE)
 # How long the master may wait for its peers here (the manifests' 900 s is for pulling images).
 WAIT_TIMEOUT = "180"
+HF_TOKEN_SECRET = "gaudi-cluster-hf-token"
+TOKEN = "hf_dummyKubernetesToken0123456789"
+# Run in a pod while the job runs: every process's argv, and rank 0's HF_TOKEN (None: no rank 0 yet).
+SNAPSHOT = r"""
+import json, os
+found = {"argv": [], "rank0_token": None}
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        argv = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
+        raw = open(f"/proc/{pid}/environ", "rb").read().decode(errors="replace")
+    except OSError:
+        continue
+    env = dict(v.split("=", 1) for v in raw.split("\0") if "=" in v)
+    found["argv"].append(argv)
+    if env.get("RANK") == "0" and "run_clm" in argv and "gaudi_cluster" not in argv:  # not its agent
+        found["rank0_token"] = env.get("HF_TOKEN", "")
+print(json.dumps(found))
+"""
 
 
 def rank_hosts(log: str) -> dict[int, set[str]]:
@@ -72,6 +92,21 @@ def container_env(container: dict[str, Any], settings: dict[str, str]) -> dict[s
     """What the container's environment holds: its envFrom ConfigMap, then its own env."""
     env = dict(settings)
     env.update({item["name"]: item["value"] for item in container.get("env", []) if "value" in item})
+    return env
+
+
+def secret_env(container: dict[str, Any], secrets: dict[str, dict[str, str]]) -> dict[str, str]:
+    """The container's env taken from Secrets (valueFrom.secretKeyRef); an optional one that is
+    missing is left out, as the kubelet does."""
+    env = {}
+    for item in container.get("env", []):
+        ref = item.get("valueFrom", {}).get("secretKeyRef")
+        if ref is None:
+            continue
+        value = secrets.get(ref["name"], {}).get(ref["key"])
+        assert value is not None or ref.get("optional"), ref
+        if value is not None:
+            env[item["name"]] = value
     return env
 
 
@@ -105,7 +140,9 @@ class Pods:
         mounts: list[str],
         args: list[str],
         security: list[str],
+        secrets: dict[str, str] | None = None,
     ) -> str:
+        """`secrets` go into the container by name (docker run -e NAME), never on a command line."""
         name = f"gc-k8s-{self.session}-{hostname}"
         command = ["run", "-d", "--name", name, "--hostname", hostname, "--network", self.network]
         command += ["--label", LABEL, "--shm-size", "1g", "--no-healthcheck", *security]
@@ -115,7 +152,9 @@ class Pods:
             command += ["-e", f"{key}={value}"]
         for mount in mounts:
             command += ["-v", mount]
-        docker(*command, self.image, *args)
+        for key in secrets or {}:
+            command += ["-e", key]
+        docker(*command, self.image, *args, env={**os.environ, **(secrets or {})})
         self.names.append(name)
         return name
 
@@ -174,7 +213,9 @@ def test_mpijob_launcher_trains_on_late_workers_with_the_operators_keys(pods, tm
     mpijob = only(docs, "MPIJob")
     job = mpijob["metadata"]["name"]
     spec = mpijob["spec"]
-    settings = settings_of(docs)
+    # docs/kubernetes.md's token: the Secret, and GAUDI_CLUSTER_ENV_PASS in the settings ConfigMap.
+    settings = {**settings_of(docs), "GAUDI_CLUSTER_ENV_PASS": "HF_TOKEN"}
+    token_secret = {HF_TOKEN_SECRET: {"HF_TOKEN": TOKEN}}
     mount = spec["sshAuthMountPath"]
     operator = operator_secret(tmp_path / "keygen")
     # The operator's own mount of its Secret on every pod: no mode set away from /root/.ssh (0644).
@@ -224,7 +265,11 @@ def test_mpijob_launcher_trains_on_late_workers_with_the_operators_keys(pods, tm
         ],
         [*launcher_container["args"], *JOB],
         security_flags(templates["Launcher"], launcher_container),
+        secrets=secret_env(launcher_container, token_secret),
     )
+    # The launcher (the master) alone holds the token; the workers' ranks get it from the master.
+    assert secret_env(launcher_container, token_secret) == {"HF_TOKEN": TOKEN}
+    assert secret_env(worker_container, token_secret) == {}
     time.sleep(WORKERS_LATE_S)
     assert pods.running(launcher), pods.logs(launcher)[-3000:]
     # Still waiting for its workers, whose names do not resolve yet; it installed the operator's key
@@ -243,7 +288,7 @@ def test_mpijob_launcher_trains_on_late_workers_with_the_operators_keys(pods, tm
     assert "no sshd" in pods.logs(launcher)
     gone = docker("exec", launcher, "test", "-e", "/root/.ssh/authorized_keys", check=False)
     assert gone.returncode != 0
-    for name in worker_names:
+    worker_pods = [
         pods.run(
             name,
             [fqdn[name]],
@@ -252,9 +297,26 @@ def test_mpijob_launcher_trains_on_late_workers_with_the_operators_keys(pods, tm
             worker_container["args"],
             security_flags(templates["Worker"], worker_container),
         )
-    code = pods.wait(launcher, timeout_s=600)
+        for name in worker_names
+    ]
+    # Rank 0 runs on the first worker: read its environment, and every pod's argv, while it runs.
+    seen: dict[str, Any] = {}
+    deadline = time.monotonic() + 600
+    while pods.running(launcher) and time.monotonic() < deadline:
+        done = docker("exec", worker_pods[0], "python3", "-c", SNAPSHOT, check=False)
+        if done.returncode == 0 and json.loads(done.stdout)["rank0_token"] is not None:
+            seen = json.loads(done.stdout)
+            for other in (launcher, *worker_pods[1:]):
+                more = docker("exec", other, "python3", "-c", SNAPSHOT, check=False).stdout
+                seen["argv"] += json.loads(more)["argv"] if more else []
+            break
+        time.sleep(0.5)
+    code = pods.wait(launcher, timeout_s=max(1.0, deadline - time.monotonic()))
     log = pods.logs(launcher)
     assert code == 0, log[-4000:]
+    assert seen.get("rank0_token") == TOKEN, "rank 0 never ran with the Secret's HF_TOKEN"
+    assert not [argv for argv in seen["argv"] if TOKEN in argv]
+    assert TOKEN not in log and not [name for name in worker_pods if TOKEN in pods.logs(name)]
     # The ranks ran on the workers only: the launcher is not in the operator's hostfile.
     assert rank_hosts(log) == {i: {name} for i, name in enumerate(worker_names)}, rank_hosts(log)
     assert re.search(rf"job \S+ succeeded: {workers} ranks on {workers} nodes", log), log[-3000:]

@@ -317,12 +317,17 @@ def test_docs_create_the_secrets_the_pods_read(rendered):
     docs = (ROOT / "docs" / "kubernetes.md").read_text(encoding="utf-8")
     command = r"kubectl create secret generic (\S+)((?:\s+\\?\s*--from-file=\S+)+)"
     commands = {
-        name: {PurePosixPath(f).name for f in re.findall(r"--from-file=(\S+)", files)}
+        # --from-file=PATH names the key after the file, --from-file=KEY=PATH names it KEY.
+        name: {
+            f.split("=")[0] if "=" in f else PurePosixPath(f).name
+            for f in re.findall(r"--from-file=(\S+)", files)
+        }
         for name, files in re.findall(command, docs)
     }
     assert commands == {
         CLIENT_KEY_SECRET: {"id_ed25519", "id_ed25519.pub"},
         HOST_KEY_SECRET: HOST_IDENTITY,
+        "gaudi-cluster-hf-token": {"HF_TOKEN"},
     }
     # Every key a pod reads from one of our Secrets is a file the command puts in it.
     for variant in VARIANTS:

@@ -9,6 +9,7 @@ The test that kills a node runs last: it leaves the cluster one node short.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -18,7 +19,7 @@ from gaudi_cluster.nodes import slurm as slurm_lists
 from train.checkpoints import COMPLETE_MARKER
 
 from tests.support.docker import wait_until
-from tests.support.slurm import NODES, SlurmCluster, SshWatch
+from tests.support.slurm import JOB_DIR, NODES, SlurmCluster, SshWatch
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -186,6 +187,42 @@ def test_scancel_checkpoints_on_every_node_and_leaves_nothing(slurm):
         print(f"\n{log}\n{slurm.rank_logs()}")
     assert all(steps[node] for node in NODES), steps
     assert len({tuple(found) for found in steps.values()}) == 1, steps
+
+
+def test_an_exported_hf_token_reaches_rank_0_and_no_command_line(slurm):
+    """docs/slurm.md's way: HF_TOKEN exported before sbatch, GAUDI_CLUSTER_ENV_PASS=HF_TOKEN."""
+    token = "hf_dummySlurmToken0123456789"
+    digest = hashlib.sha256(token.encode()).hexdigest()[:16]
+    job_code = (
+        "import hashlib, os, time\n"
+        "seen = hashlib.sha256(os.environ.get('HF_TOKEN', '').encode()).hexdigest()[:16]\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    print('token', seen, flush=True)\n"
+        "time.sleep(8)\n"
+    )
+    job = slurm.submit(
+        "python3", "-c", job_code, env={"GAUDI_CLUSTER_ENV_PASS": "HF_TOKEN"}, secrets={"HF_TOKEN": token}
+    )
+    assert slurm.wait_for_output(job, r"rank 0\] token [0-9a-f]{16}", timeout=FIRST_STEP_TIMEOUT_S), (
+        slurm.output(job)[-4000:]
+    )
+    argvs = {
+        host: slurm.exec(host, "sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '").stdout
+        for host in (*NODES, "slurmctl")
+    }
+    state = slurm.wait_for_end(job, timeout=300)
+    log = slurm.output(job)
+    assert state == "COMPLETED", log[-4000:]
+    assert f"rank 0] token {digest}" in log, log[-4000:]
+    assert all(argv.strip() for argv in argvs.values()), argvs
+    assert not [host for host, argv in argvs.items() if token in argv]
+    assert token not in log
+    # No file of the job (rank logs, the master's state) holds it; grep reads the token from stdin.
+    for node in NODES:
+        found = slurm.exec(
+            node, "grep", "-rlF", "-f", "-", "/run/gaudi-cluster/jobs", JOB_DIR, stdin=token + "\n"
+        )
+        assert found.stdout == "", (node, found.stdout)
 
 
 def test_failed_rank_fails_the_slurm_job_with_its_exit_code(slurm):

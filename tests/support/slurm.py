@@ -109,16 +109,20 @@ class SlurmCluster:
     def all_idle(self) -> bool:
         return self.sinfo().split() == ["idle", str(len(self.nodes))]
 
-    def submit(self, *job: str, env: dict[str, str] | None = None) -> int:
-        """sbatch -N3 the shipped script in direct mode; the job id."""
+    def submit(
+        self, *job: str, env: dict[str, str] | None = None, secrets: dict[str, str] | None = None
+    ) -> int:
+        """sbatch -N3 the shipped script in direct mode; the job id. `secrets` reach sbatch's environment
+        by name (docker exec -e NAME), as a user's exported HF_TOKEN would: never on a command line."""
         # --tee: the tests read which node each rank ran on from the console (rank 0's lines only by default).
         settings = {"GAUDI_CLUSTER_SLURM_MODE": "direct", "GAUDI_CLUSTER_TEE": "1", **(env or {})}
         exports = ",".join(["ALL", *(f"{key}={value}" for key, value in settings.items())])
-        done = self.exec(
-            CONTROLLER,
+        by_name = [word for name in (secrets or {}) for word in ("-e", name)]
+        done = docker(
+            "exec", *by_name, self.container(CONTROLLER),
             "sbatch", "--parsable", f"-N{len(self.nodes)}", f"--chdir={JOB_DIR}", f"--export={exports}",
             SBATCH, *job,
-            check=True,
+            check=True, env={**os.environ, **(secrets or {})},
         )  # fmt: skip
         return int(done.stdout.strip().split(";")[0])
 

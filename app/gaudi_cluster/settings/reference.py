@@ -74,7 +74,37 @@ VARIABLES: tuple[Variable, ...] = (
         "GAUDI_CLUSTER_PRIVILEGED",
         ReadBy.NODE_SCRIPTS,
         "1",
-        "0 where the host refuses `--privileged`: the node gets a capability set instead (no EFA then)",
+        "0 where the host refuses `--privileged`: a capability set instead, memlock at the host's limit",
+    ),
+    Variable(
+        "GAUDI_CLUSTER_CODE",
+        ReadBy.NODE_SCRIPTS,
+        "",
+        "a host directory of your code, mounted read-only at /workspace/code on every node",
+    ),
+    Variable(
+        "GAUDI_CLUSTER_DATA",
+        ReadBy.NODE_SCRIPTS,
+        "",
+        "a host directory of your data set, mounted read-only at /workspace/data on every node",
+    ),
+    Variable(
+        "GAUDI_CLUSTER_HF_HOME",
+        ReadBy.NODE_SCRIPTS,
+        "",
+        "a host directory for the Hugging Face cache, mounted at /workspace/hf with HF_HOME=/workspace/hf",
+    ),
+    Variable(
+        "GAUDI_CLUSTER_MOUNTS",
+        ReadBy.NODE_SCRIPTS,
+        "",
+        "more host paths for every node, `SRC:DST[:ro]`, comma-separated (run-node.sh, the sbatch script)",
+    ),
+    Variable(
+        "GAUDI_CLUSTER_JOBS",
+        ReadBy.NODE_SCRIPTS,
+        "the output directory's jobs/",
+        "the host directory mounted at the master's /run/gaudi-cluster/jobs: rank logs outlive the container",
     ),
     Variable(
         "GAUDI_CLUSTER_SLURM_MODE",
