@@ -27,6 +27,9 @@ from gaudi_cluster.errors import (
     signal_exit_code,
 )
 
+from tests.support import fix_commands
+from tests.support.fix_commands import fix_of
+
 ROOT = Path(__file__).resolve().parents[2]
 GAUDI_SPAWN = ROOT / "app" / "gaudi_spawn.py"
 
@@ -169,6 +172,9 @@ def test_bad_input_is_one_line_with_a_fix(workdir, argv, env, culprit):
     errors = [line for line in done.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1, done.stderr
     assert culprit in errors[0] and "fix:" in errors[0], errors[0]
+    assert "error: gaudi-cluster" not in errors[0], errors[0]  # one prefix, not argparse's again
+    command = next(word for word in argv if not word.startswith("-")) if any(argv) else ""
+    assert not fix_commands.problems(fix_of(errors[0]), command), errors[0]  # the fix works as printed
     assert "[launcher]" not in done.stdout and " rank " not in done.stdout  # nothing was launched
     assert not (workdir / "jobs").exists() or not any((workdir / "jobs").iterdir())
 
