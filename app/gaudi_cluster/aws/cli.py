@@ -20,7 +20,7 @@ from gaudi_cluster.aws import ec2, facts, keys, render
 from gaudi_cluster.aws import request as inputs
 from gaudi_cluster.aws.facts import TAG_CLUSTER
 from gaudi_cluster.aws.up import INTERRUPTED, RUN_NODE, request_from, resolve, run_up
-from gaudi_cluster.errors import ConfigError, GaudiClusterError, error_line, exit_code_for
+from gaudi_cluster.errors import ConfigError, GaudiClusterError, error_line, exit_code_for, quoted
 
 log = logging.getLogger("gaudi_cluster.aws")
 
@@ -187,7 +187,7 @@ def _cluster_of(args: argparse.Namespace) -> str:
     given, flag = args.cluster_id, args.cluster_id_flag
     if given is not None and flag is not None and given != flag:
         raise ConfigError(
-            f"the cluster is named twice, as CLUSTER_ID {given!r} and with --cluster-id {flag!r}; "
+            f"the cluster is named twice, as CLUSTER_ID {quoted(given)} and as --cluster-id {quoted(flag)}; "
             "fix: keep one of the two"
         )
     return inputs.validate_cluster_id(given or flag or facts.DEFAULT_CLUSTER_ID)
