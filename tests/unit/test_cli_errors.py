@@ -146,6 +146,7 @@ BAD = [
     (["doctor", "--bogus-flag"], {}, "see 'gaudi-cluster doctor --help'"),
     (["status", "--bogus-flag"], {}, "see 'gaudi-cluster status --help'"),
     (["probe", "--json", "extra"], {}, "'extra'"),
+    (["probe", "--slots", "99999999999999999999"], {}, "is above"),
     (["master", "--slots"], {}, "argument --slots: expected one argument"),
     (["master", "--tee", "3"], {}, "--tee takes no value"),
     (["master", "--tee", "0:3,1:1", "run.py"], {}, "'0:3,1:1'"),

@@ -10,6 +10,7 @@ import re
 from gaudi_cluster.errors import ConfigError, quoted
 from gaudi_cluster.settings.config import DEFAULT_JOB_ROOT
 from gaudi_cluster.settings.flags import resolve_setting
+from gaudi_cluster.settings.host_names import MAX_SLOTS
 
 # torchrun's --tee takes a value (0-3, or RANK:N,...); ours is a switch: `--tee 3` must not run `3`.
 _TORCHRUN_TEE = r"[0-3]|\d+:[0-3](,\d+:[0-3])*"
@@ -29,12 +30,15 @@ def job_root(args: argparse.Namespace) -> str:
 
 
 def positive(value: str) -> int:
+    """probe --slots: a count, echoed quoted and cut when refused."""
     try:
         number = int(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"'{value}' is not an integer") from None
+        raise argparse.ArgumentTypeError(f"{quoted(value)} is not an integer") from None
     if number < 1:
-        raise argparse.ArgumentTypeError(f"{value} is below 1")
+        raise argparse.ArgumentTypeError(f"{quoted(value)} is below 1")
+    if number > MAX_SLOTS:
+        raise argparse.ArgumentTypeError(f"{quoted(value)} is above {MAX_SLOTS}")
     return number
 
 
