@@ -28,8 +28,12 @@ export GAUDI_CLUSTER_IMAGE ?= $(IMAGE_CPU)
         image-cpu image-gaudi image-dl1 image-gaudi-standin base-image wheelhouse keys demo up down logs bench clean ohabana-venv \
         test-ohabana
 
-help: ## list the targets
-	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-14s %s\n", $$1, $$2}'
+help: ## list the targets and the variables they read (make TARGET NAME=value)
+	@grep -E '^[a-zA-Z0-9_.-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-14s %s\n", $$1, $$2}'
+	@echo "variables (default; the comment above it in the Makefile):"
+	@awk '/^#/ {note = note (note == "" ? "" : " ") substr($$0, 3); next} /^(export )?[A-Z][A-Z0-9_]* \?=/ {sub(/^export /, ""); \
+		name = $$1; value = $$0; sub(/^[^=]*= */, "", value); \
+		printf "  %-24s %-32s %s\n", name, (value == "" ? "(empty)" : value), note} {note = ""}' $(MAKEFILE_LIST)
 
 $(VENV)/.installed: requirements/dev.txt pyproject.toml dev/pyproject.toml
 	python3 -m venv $(VENV)

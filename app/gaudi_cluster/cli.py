@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import NoReturn
 
 from gaudi_cluster import __version__
-from gaudi_cluster.errors import ConfigError, GaudiClusterError, error_line, exit_code_for
-from gaudi_cluster.settings.config import DEFAULT_JOB_ROOT, resolve_config
+from gaudi_cluster.errors import ConfigError, GaudiClusterError, error_line, exit_code_for, quoted
+from gaudi_cluster.settings import command_line
+from gaudi_cluster.settings.config import resolve_config
 from gaudi_cluster.settings.flags import add_config_flags
 from gaudi_cluster.view.liveview import configure_logging
 
@@ -40,6 +41,12 @@ DOCTOR_SETTINGS = (
     "socket_ifname",
     "min_free_disk",
     "job_root",
+    "launcher",
+    "master_port",
+    "control_port",
+    "include",
+    "exclude",
+    "fabric_check",
     "fabric_timeout",
 )
 
@@ -53,7 +60,8 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
     def error(self, message: str) -> NoReturn:
-        raise ConfigError(f"{self.prog}: {message}; fix: see '{self.prog} --help'")
+        # The caller's line already starts with `gaudi-cluster: error:`; the fix names this command.
+        raise ConfigError(f"{message}; fix: see '{self.prog} --help'")
 
 
 def _examples(*lines: str) -> str:
@@ -128,8 +136,9 @@ def _parsers() -> tuple[Parser, dict[str, argparse.ArgumentParser]]:
     )
     add_config_flags(doctor, DOCTOR_SETTINGS)
     doctor.add_argument("--json", action="store_true", help="print the JSON only")
+    # master's name for the same check (--fabric-check, from the settings); --fabric is its old name.
     doctor.add_argument(
-        "--fabric", action="store_true", help="also all-reduce between the nodes; name a slow or silent one"
+        "--fabric", dest="fabric_check", action="store_const", const="1", help=argparse.SUPPRESS
     )
 
     status = sub.add_parser(
@@ -148,7 +157,7 @@ def _parsers() -> tuple[Parser, dict[str, argparse.ArgumentParser]]:
     )
     status.add_argument("--job-id", help="a job under --job-root; default: the running one")
     status.add_argument("--json", action="store_true", help="print the JSON snapshot")
-    status.add_argument("--job-root", default=DEFAULT_JOB_ROOT, help=f"default {DEFAULT_JOB_ROOT}")
+    command_line.add_job_root_flag(status)
 
     probe = sub.add_parser(
         "probe",
@@ -170,7 +179,9 @@ def _parsers() -> tuple[Parser, dict[str, argparse.ArgumentParser]]:
         choices=("auto", "hpu", "cuda", "cpu"),
         help="device kind; default auto",
     )
-    probe.add_argument("--slots", type=_positive, default=None, help="ranks per node on cpu; default 1")
+    probe.add_argument(
+        "--slots", type=command_line.positive, default=None, help="ranks per node on cpu; default 1"
+    )
     probe.add_argument("--check-efa", action="store_true", help="also run fi_info -p efa")
     probe.add_argument(
         "--check-fabric",
@@ -186,7 +197,7 @@ def _parsers() -> tuple[Parser, dict[str, argparse.ArgumentParser]]:
         action="store_true",
         help="a task of the master's srun step: name this node first; --stage takes its own payload",
     )
-    probe.add_argument("--job-root", default=DEFAULT_JOB_ROOT, help=f"default {DEFAULT_JOB_ROOT}")
+    command_line.add_job_root_flag(probe)
 
     reap = sub.add_parser(
         "reap",
@@ -194,8 +205,8 @@ def _parsers() -> tuple[Parser, dict[str, argparse.ArgumentParser]]:
         description="Kill the process groups and agents recorded in one job's pid files on this node.",
         epilog=_examples("gaudi-cluster reap --job-id 20261130-120000-a1b2c3"),
     )
-    reap.add_argument("--job-id", required=True, help="the job to clean up")
-    reap.add_argument("--job-root", default=DEFAULT_JOB_ROOT, help=f"default {DEFAULT_JOB_ROOT}")
+    reap.add_argument("--job-id", required=True, help="the job to clean up (a directory under --job-root)")
+    command_line.add_job_root_flag(reap)
 
     check = sub.add_parser(
         "hostfile",
@@ -207,6 +218,11 @@ def _parsers() -> tuple[Parser, dict[str, argparse.ArgumentParser]]:
         epilog=_examples("gaudi-cluster hostfile /job/hostfile"),
     )
     check.add_argument("path", help="the hostfile to check")
+    sub.add_parser(
+        "profiles",
+        help="the image profiles: check | table | get PROFILE KEY | docker-build PROFILE ...",
+        add_help=False,
+    )
     for command in (master, doctor, status, probe, reap, check):
         # After the command too; SUPPRESS keeps a -v given before it from being reset.
         command.add_argument(
@@ -222,43 +238,6 @@ def _parsers() -> tuple[Parser, dict[str, argparse.ArgumentParser]]:
     }
 
 
-def _positive(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{value}' is not an integer") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{value} is below 1")
-    return number
-
-
-def _split_job(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:
-    """(the master's own flags, the job): the job starts at the first word that is not one of the
-    flags or their values, at `-m`, or after `--`."""
-    takes_value = {
-        option: action.nargs != 0 for action in parser._actions for option in action.option_strings
-    }
-    i = 0
-    while i < len(argv):
-        word = argv[i]
-        if word == "--":
-            return argv[:i], argv[i + 1 :]
-        if word == "-m" or not word.startswith("-"):
-            return argv[:i], argv[i:]
-        name, equals, _ = word.partition("=")
-        # A flag's value is skipped with it; an unknown flag stays with the flags, for argparse to name.
-        i += 2 if takes_value.get(name) and not equals else 1
-    return argv, []
-
-
-def _leading_words(argv: list[str]) -> tuple[list[str], list[str]]:
-    """(global flags before the command, the rest)."""
-    for i, word in enumerate(argv):
-        if not word.startswith("-"):
-            return argv[:i], argv[i:]
-    return argv, []
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -269,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(args_list: list[str]) -> int:
-    leading, rest = _leading_words(args_list)
+    leading, rest = command_line.leading_words(args_list)
     parser, commands = _parsers()
     if rest[:1] == ["spawn"]:
         from gaudi_cluster import spawn
@@ -282,12 +261,19 @@ def _main(args_list: list[str]) -> int:
         from gaudi_cluster.aws.cli import main as aws_main
 
         return aws_main(rest[1:])
+    if rest[:1] == ["profiles"]:
+        from gaudi_cluster.settings import profiles_cli
+
+        return profiles_cli.main(rest[1:], prog="gaudi-cluster profiles")
     if rest[:1] == ["master"]:
-        flags, job = _split_job(commands["master"], rest[1:])
-        args = parser.parse_args([*leading, "master", *flags])
+        flags, job = command_line.split_job(commands["master"], rest[1:])
+        args, extra = parser.parse_known_args([*leading, "master", *flags])
         args.job = job
     else:
-        args = parser.parse_args(args_list)
+        args, extra = parser.parse_known_args(args_list)
+    if extra:  # named by the command's own parser, whose --help lists what it takes
+        command = commands.get(args.command)
+        (command or parser).error(f"unrecognized arguments: {' '.join(quoted(word) for word in extra)}")
     configure_logging(args.verbose)
     if args.command is None:
         parser.print_help()
@@ -297,15 +283,18 @@ def _main(args_list: list[str]) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "reap":
+        from gaudi_cluster.rank.jobdir import existing_job
         from gaudi_cluster.rank.reap import reap_job
 
-        killed = reap_job(Path(args.job_root), args.job_id)
+        root = Path(command_line.job_root(args))
+        existing_job(root, args.job_id)  # a typo or a path out of the root is refused, not "reaped"
+        killed = reap_job(root, args.job_id)
         log.info("job %s: %d leftover processes killed", args.job_id, len(killed))
         return 0
     if args.command == "status":
         from gaudi_cluster.view import status
 
-        return status.main(Path(args.job_root), args.job_id, args.json)
+        return status.main(Path(command_line.job_root(args)), args.job_id, args.json)
     if args.command == "probe":
         from gaudi_cluster.nodes import probe
 
@@ -315,7 +304,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             args.slots,
             args.check_efa,
             args.stage,
-            args.job_root,
+            command_line.job_root(args),
             args.output_dir,
             args.check_fabric,
             args.srun_task,
@@ -332,7 +321,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "doctor":
         from gaudi_cluster.doctor import run_doctor
 
-        return run_doctor(config, os.environ, sys.stdout, json_only=args.json, with_fabric=args.fabric)
+        return run_doctor(config, os.environ, sys.stdout, json_only=args.json)
     from gaudi_cluster import master
 
     if config.hold:

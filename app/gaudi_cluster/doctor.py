@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import TextIO
 
 from gaudi_cluster import fabric, master
+from gaudi_cluster.launch import plan
 from gaudi_cluster.launch.prepare import PrepareSettings, job_env_for, staged_values
 from gaudi_cluster.launch.program import program_from_args
 from gaudi_cluster.nodes import checks
@@ -45,7 +46,9 @@ def run_doctor(
     preset = f"{env_file.preset} ({env_file.preset_reason})"
     findings.append(checks.Finding(survey.hosts[0], "env preset", True, preset))
     problems = checks.blocking(findings)
-    if with_fabric and not problems:  # ranks can start only where the preflight passes
+    if (
+        with_fabric or config.fabric_check
+    ) and not problems:  # ranks can start only where the preflight passes
         return run_fabric(config, environ, out, findings, json_only)
     # A person reads the table; a tool asks for --json and gets nothing else on stdout.
     out.write((checks.render_json(findings) if json_only else checks.render_table(findings)) + "\n")
@@ -67,12 +70,14 @@ def run_fabric(
     findings: list[checks.Finding],
     json_only: bool,
 ) -> int:
-    """`doctor --fabric`: the all-reduce check after the preflight; exit 3 names the node to drop.
+    """`doctor --fabric-check`: the all-reduce check after the preflight; exit 3 names the node to drop.
     With --json one document: {"findings": [...], "fabric": {...}}."""
     if not json_only:
         out.write(checks.render_table(findings) + "\n")
         out.flush()
-    result, _ = fabric.run_check(config, environ, master.prepare_attempt, master.run_prepared)
+    # The nodes the job would use: --include/--exclude apply to the check as to the launch.
+    options = plan.LaunchOptions(include=config.include, exclude=config.exclude)
+    result, _ = fabric.run_check(config, environ, master.prepare_attempt, master.run_prepared, options)
     if json_only:
         document = {
             "findings": json.loads(checks.render_json(findings)),

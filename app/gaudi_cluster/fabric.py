@@ -2,8 +2,8 @@
 launcher, environment and preset: master.prepare_attempt + master.run_prepared), running
 train/allreduce_check.py; its figures and verdict are view/fabric's.
 
-`gaudi-cluster doctor --fabric` prints them; `master --fabric-check` runs it before the job and stops the
-launch when a node is slow or silent.
+`gaudi-cluster doctor --fabric-check` prints them; `master --fabric-check` runs it before the job and
+stops the launch when a node is slow or silent.
 """
 
 from __future__ import annotations

@@ -7,25 +7,23 @@ the job's lifetime: the control server, the final line, the clean-up on every no
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
 import os
-import resource
 import shlex
 import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from gaudi_cluster import fabric
 from gaudi_cluster.engines import auto as engine
 from gaudi_cluster.engines import nodewatch
 from gaudi_cluster.errors import ClusterNotReady
-from gaudi_cluster.launch import attempts, plan, restart
+from gaudi_cluster.launch import attempts, here, plan, restart
 from gaudi_cluster.launch.prepare import (
     PreparedJob,
     PrepareSettings,
@@ -62,9 +60,18 @@ def run_master(
     options: plan.LaunchOptions | None = None,
 ) -> int:
     """Prepare and run the job, re-running it up to --max-restarts times after a failure."""
-    raise_open_file_limit()
+    here.raise_open_file_limit()
     config = engine.engine_defaults(config, environ)
-    log.info("%s", config.describe())
+    here.check_before_survey(config.job_root, job_argv, os.getcwd(), not config.dry_run)
+    described: list[bool] = []
+
+    def prepare_described(*args: Any, **kwargs: Any) -> PreparedJob:
+        prepared = prepare_attempt(*args, **kwargs)
+        if not described:  # once the nodes are found: a bad peer or hostfile stays one error line
+            described.append(True)
+            log.info("%s", config.describe())
+        return prepared
+
     if (config.include or config.exclude) and options is None:  # gaudi_spawn.py brings its own
         options = plan.LaunchOptions(include=config.include, exclude=config.exclude)
     program = program_from_args(
@@ -87,7 +94,7 @@ def run_master(
             log.info("metrics for Prometheus on http://%s:%d/metrics", config.metrics_addr, metrics.port)
         fabric_figures = None
         if config.fabric_check and not config.dry_run:
-            checked, check_id = fabric.run_check(config, environ, prepare_attempt, run_prepared, options)
+            checked, check_id = fabric.run_check(config, environ, prepare_described, run_prepared, options)
             log.info("fabric check %s:\n%s", check_id, fabric.render_table(checked))
             if not checked.ok:
                 out.write(fabric.stop_line(checked) + "\n")
@@ -98,7 +105,7 @@ def run_master(
         chosen: FoundNodes | None = None  # a restart's nodes, planned from the last attempt's
         restarting = restart.RestartSettings.from_config(config)
         while True:
-            job = prepare_attempt(config, program, environ, options, attempt, chosen)
+            job = prepare_described(config, program, environ, options, attempt, chosen)
             if config.dry_run:
                 print_dry_run(job, out)
                 exit_code = 0
@@ -136,16 +143,6 @@ def run_master(
 def write_lines(out: TextIO, lines: Sequence[str]) -> None:
     out.write("".join(f"gaudi-cluster: {line}\n" for line in lines))
     out.flush()
-
-
-def raise_open_file_limit() -> None:
-    """The soft limit on open files up to the hard one: a master holds a socket per rank and ssh
-    processes per node, and 1024 (many Docker hosts' soft limit) is the wall at about 1,000 ranks."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft < hard:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            log.debug("open-file limit raised from %d to %d", soft, hard)
 
 
 def survey_for(

@@ -6,7 +6,7 @@ TCPStore of their own (rank 0 sees who never checked in); rank 0 opens each ring
 on the store, each rank gives its test `--timeout` seconds from then (every wait inside it shares that
 deadline) and posts its own side; what rank 0 has not heard of by the deadline and a grace is silent. Once
 the pairs so far name a node, the rounds left are not run (they cannot tell more). A watchdog ends a rank
-stuck past every limit. Started by `gaudi-cluster doctor --fabric` / `master --fabric-check` through the
+stuck past every limit. Started by `gaudi-cluster doctor --fabric-check` / `master --fabric-check` through the
 job's launcher.
 """
 

@@ -61,6 +61,8 @@ def error_line(capsys) -> str:
         ),
         (["plan", *PLAN[1:], "--key-delivery", "ssm"], "--key-delivery ssm reads from AWS on the nodes"),
         (["down", "Bad_Id"], "cluster id 'Bad_Id'"),
+        (["down", "--cluster-id", "Bad_Id"], "cluster id 'Bad_Id'"),  # as plan and up take it
+        (["status", "a", "--cluster-id", "b"], "named twice"),
         (["status", "demo", "--region", "moon"], "--region 'moon' is not an AWS region name"),
         (["launch"], "invalid choice: 'launch'"),
     ],

@@ -27,6 +27,9 @@ from gaudi_cluster.errors import (
     signal_exit_code,
 )
 
+from tests.support import fix_commands
+from tests.support.fix_commands import fix_of
+
 ROOT = Path(__file__).resolve().parents[2]
 GAUDI_SPAWN = ROOT / "app" / "gaudi_spawn.py"
 
@@ -105,7 +108,7 @@ BAD = [
     (["master", "--bogus"], {}, "--bogus"),
     (["master"], {"GAUDI_CLUSTER_SSH_PORT": "ssh"}, "GAUDI_CLUSTER_SSH_PORT"),
     (["doctor", "--dry-run"], {}, "--dry-run"),
-    (["doctor", "--launcher", "mpirun"], {}, "--launcher"),
+    (["doctor", "--launcher", "srun"], {}, "--launcher"),
     (["hostfile", "H_bom"], {}, "U+FEFF at line 1, column 1"),
     (["hostfile", "H_nul"], {}, "U+0000 at line 2, column 3"),
     (["hostfile", "nope"], {}, "nope"),
@@ -126,6 +129,39 @@ BAD = [
     (["spawn", "--hostfile", "H", "--use_deepspeed", "--world_size", "3", "run.py"], {}, "--world_size 3"),
     (["spawn", "--master", "1234", "run.py"], {}, "--master"),
     (["spawn"], {}, "training_script"),
+    # issue 35's second round: job ids and roots, command-local help, --tee, ports, the job's script
+    (["reap", "--job-id", "../fakejob"], {}, "--job-id '../fakejob' is not a job id"),
+    (["reap", "--job-id", "typo"], {}, "no job 'typo' under"),
+    (["reap", "--job-id", "/etc"], {}, "'/etc'"),
+    (["status", "--job-id", ".."], {}, "--job-id '..'"),
+    (["status", "--job-id", "nope"], {}, "no job 'nope'"),
+    (["probe", "--stage", "../x"], {}, "--stage '../x'"),
+    (["reap", "--job-id", "j"], {"GAUDI_CLUSTER_JOB_ROOT": "/nonexistent-root"}, "/nonexistent-root"),
+    (["status"], {"GAUDI_CLUSTER_JOB_ROOT": "/tmp/" + "r" * 90}, "too long"),
+    (["status", "--job-root", "/tmp/" + "r" * 90], {}, "--job-root /tmp/gaudi-jobs"),
+    (["master", "--job-root", "/tmp/" + "r" * 90, "run.py"], {}, "too long"),
+    (["master", "run.py"], {"GAUDI_CLUSTER_JOB_ROOT": "/tmp/" + "r" * 90}, "GAUDI_CLUSTER_JOB_ROOT="),
+    (["master", "--job-root", " "], {}, "--job-root"),
+    (["master", "--bogus-flag"], {}, "see 'gaudi-cluster master --help'"),
+    (["doctor", "--bogus-flag"], {}, "see 'gaudi-cluster doctor --help'"),
+    (["status", "--bogus-flag"], {}, "see 'gaudi-cluster status --help'"),
+    (["probe", "--json", "extra"], {}, "'extra'"),
+    (["probe", "--slots", "99999999999999999999"], {}, "is above"),
+    (["master", "--slots"], {}, "argument --slots: expected one argument"),
+    (["master", "--tee", "3"], {}, "--tee takes no value"),
+    (["master", "--tee", "0:3,1:1", "run.py"], {}, "'0:3,1:1'"),
+    (["master", "--tee=3"], {}, "--tee"),
+    (["spawn", "--master_port", "80", "run.py"], {}, "--master_port 80"),
+    (["spawn", "--master-port", "1023", "run.py"], {}, "--master_port 1023"),
+    (["spawn", "--world-size", "0", "run.py"], {}, "--world_size"),
+    (["master", "trian.py"], {}, "'trian.py' is not on this node"),
+    (["master", "sub/run.py", "--lr", "1"], {}, "'sub/run.py'"),
+    (["master", "--peers-dns", "-x"], {}, "--peers-dns"),
+    (["doctor", "--exclude", "b:x"], {}, "--exclude"),
+    (["doctor", "--master-port", "29400"], {}, "--control-port"),
+    (["doctor", "--fabric-check", "--fabric-timeout", "0"], {}, "--fabric-timeout"),
+    (["profiles", "get"], {}, "profile, key"),
+    (["profiles", "get", "nosuch", "synapse.version"], {}, "'nosuch'"),
 ]  # fmt: skip
 
 
@@ -137,6 +173,9 @@ def test_bad_input_is_one_line_with_a_fix(workdir, argv, env, culprit):
     errors = [line for line in done.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1, done.stderr
     assert culprit in errors[0] and "fix:" in errors[0], errors[0]
+    assert "error: gaudi-cluster" not in errors[0], errors[0]  # one prefix, not argparse's again
+    command = next(word for word in argv if not word.startswith("-")) if any(argv) else ""
+    assert not fix_commands.problems(fix_of(errors[0]), command), errors[0]  # the fix works as printed
     assert "[launcher]" not in done.stdout and " rank " not in done.stdout  # nothing was launched
     assert not (workdir / "jobs").exists() or not any((workdir / "jobs").iterdir())
 

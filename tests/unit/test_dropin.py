@@ -176,8 +176,11 @@ def test_help_shows_real_defaults_choices_and_no_example_values_as_defaults():
 def test_doctor_help_lists_only_what_the_doctor_uses():
     text = help_of("doctor")
     assert "--peers-dns" in text and "--json" in text
-    for launch_only in ("--launcher", "--max-restarts", "--stop-grace", "--dry-run", "--hold"):
+    for launch_only in ("--max-restarts", "--stop-grace", "--dry-run", "--hold", "--tee"):
         assert launch_only not in text
+    # What `doctor --fabric-check` launches its ranks with, and the node filter its advice names.
+    for fabric_flag in ("--fabric-check", "--launcher", "--master-port", "--include", "--exclude"):
+        assert fabric_flag in text
 
 
 def test_hostfile_prints_a_summary_on_stderr(tmp_path):

@@ -60,7 +60,7 @@ def test_a_node_whose_every_pair_timed_out_is_named_as_silent():
     assert result.bad_hosts == ("worker-2",)
     assert result.problems == (
         "no answer from host worker-2 within 20 s; fix: drop it with --exclude worker-2 "
-        "(or repair its link and run doctor --fabric)",
+        "(or repair its link and rerun with --fabric-check)",
     )
     assert any("worker-2 - worker-3" in d for d in result.details)
 

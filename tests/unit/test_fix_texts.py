@@ -149,6 +149,8 @@ BY_CONSTRUCTION = [
     ("gaudi_cluster/aws/diff.py", "would leave node", "the fix is the existing count, above the input"),
     ("gaudi_cluster/aws/ec2.py", "is not an EC2 region", "the input is not a region, the fix is one"),
     ("gaudi_cluster/compat/translate.py", "drop --world_size", "the fix is the hostfile's total, not it"),
+    ("gaudi_cluster/compat/translate.py", "not a rendezvous port", "input outside 1024-65535, fix 29500"),
+    ("gaudi_cluster/settings/command_line.py", "--tee takes no value", "the fix names no value"),
     ("gaudi_cluster/launch/launchers.py", "--launcher deepspeed or mpirun", "the input is torchrun"),
     ("gaudi_cluster/launch/plan.py", "on its first slots", "input mpirun/torchrun, fix direct"),
     ("gaudi_cluster/nodes/find.py", "lower --spares", "names no value"),

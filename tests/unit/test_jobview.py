@@ -136,7 +136,7 @@ def test_status_command_reads_the_running_masters_socket(tmp_path):
 
 def test_status_errors_are_one_line(tmp_path):
     (tmp_path / "jobs" / "old").mkdir(parents=True)
-    with pytest.raises(ConfigError, match=r"no job nope under .*; fix: name one of old"):
+    with pytest.raises(ConfigError, match=r"no job 'nope' under .*; fix: --job-id old \(the newest here"):
         status.find_socket(tmp_path / "jobs", "nope")
     with pytest.raises(ClusterNotReady, match="no running job under"):
         status.find_socket(tmp_path / "jobs", None)

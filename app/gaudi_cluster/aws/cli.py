@@ -20,7 +20,7 @@ from gaudi_cluster.aws import ec2, facts, keys, render
 from gaudi_cluster.aws import request as inputs
 from gaudi_cluster.aws.facts import TAG_CLUSTER
 from gaudi_cluster.aws.up import INTERRUPTED, RUN_NODE, request_from, resolve, run_up
-from gaudi_cluster.errors import ConfigError, GaudiClusterError, error_line, exit_code_for
+from gaudi_cluster.errors import ConfigError, GaudiClusterError, error_line, exit_code_for, quoted
 
 log = logging.getLogger("gaudi_cluster.aws")
 
@@ -31,7 +31,8 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad flag as one ConfigError line (exit 2) instead of usage + exit."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise ConfigError(f"{self.prog}: {message}; fix: {self.prog} --help")
+        # The line already starts with `gaudi-cluster: error:`; the fix names this command's help.
+        raise ConfigError(f"{message}; fix: {self.prog} --help")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -74,7 +75,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     status = sub.add_parser("status", help="nodes, states, uptime and cost so far", allow_abbrev=False)
     for command in (down, status):
-        command.add_argument("cluster_id", help="the --cluster-id given to up")
+        # As plan and up take it (--cluster-id); the positional form is kept for the docs' examples.
+        command.add_argument(
+            "cluster_id", nargs="?", metavar="CLUSTER_ID", help="the cluster (the same as --cluster-id)"
+        )
+        command.add_argument(
+            "--cluster-id",
+            dest="cluster_id_flag",
+            help=f"tag value naming the cluster, as given to up (default {facts.DEFAULT_CLUSTER_ID})",
+        )
         command.add_argument(
             "--region", default=_default_region(), help="AWS region (default: AWS_REGION or us-east-1)"
         )
@@ -82,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
         "--wait-timeout",
         type=float,
         default=facts.DEFAULT_WAIT_TIMEOUT_S,
-        help="seconds for the whole teardown",
+        help=f"seconds for the whole teardown (default {facts.DEFAULT_WAIT_TIMEOUT_S:g})",
     )
     return parser
 
@@ -119,7 +128,7 @@ def _cluster_flags(command: argparse.ArgumentParser) -> None:
         "--placement-group",
         choices=("cluster", "none"),
         default="cluster",
-        help="cluster placement group, or none",
+        help="cluster placement group, or none (default cluster)",
     )
     add(
         "--image",
@@ -148,7 +157,7 @@ def _cluster_flags(command: argparse.ArgumentParser) -> None:
         "--wait-timeout",
         type=float,
         default=facts.DEFAULT_WAIT_TIMEOUT_S,
-        help="one deadline in seconds for every wait",
+        help=f"one deadline in seconds for every wait (default {facts.DEFAULT_WAIT_TIMEOUT_S:g})",
     )
     add(
         "--on-failure",
@@ -173,8 +182,19 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cluster_of(args: argparse.Namespace) -> str:
+    """down's and status's cluster: CLUSTER_ID or --cluster-id (one of them), else the default."""
+    given, flag = args.cluster_id, args.cluster_id_flag
+    if given is not None and flag is not None and given != flag:
+        raise ConfigError(
+            f"the cluster is named twice, as CLUSTER_ID {quoted(given)} and as --cluster-id {quoted(flag)}; "
+            "fix: keep one of the two"
+        )
+    return inputs.validate_cluster_id(given or flag or facts.DEFAULT_CLUSTER_ID)
+
+
 def _down(args: argparse.Namespace) -> int:
-    cluster = inputs.validate_cluster_id(args.cluster_id)
+    cluster = _cluster_of(args)
     region = inputs.validate_region(args.region)
     if not args.wait_timeout > 0:
         raise ConfigError(f"--wait-timeout {args.wait_timeout:g} must be positive; fix: --wait-timeout 900")
@@ -202,7 +222,7 @@ def _down(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    cluster = inputs.validate_cluster_id(args.cluster_id)
+    cluster = _cluster_of(args)
     region = inputs.validate_region(args.region)
     cloud = ec2.connect(region)
     nodes, public_ip = cloud.status(cluster)

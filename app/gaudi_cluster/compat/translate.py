@@ -122,8 +122,11 @@ def validate_spawn_request(
     """The request with world_size taken from the hostfile when one is given; ConfigError otherwise.
     The node's files come in as `exists`, `load_hostfile` and `cwd` (spawn passes the real ones)."""
     check_launcher_choice(req.use_mpi, req.use_deepspeed, req.hostfile)
-    if not 1 <= req.master_port <= 65535:
-        raise SpawnConfigError(f"--master_port {req.master_port} is not a TCP port; fix: use 1024-65535")
+    if not 1024 <= req.master_port <= 65535:
+        raise SpawnConfigError(
+            f"--master_port {req.master_port} is not a rendezvous port (1024-65535, unprivileged); "
+            f"fix: --master_port {DEFAULT_MASTER_PORT}"
+        )
     if not req.script:
         raise SpawnConfigError("no training script was given; fix: put the script path after the options")
     if not req.script.startswith("-") and not exists(req.script):
@@ -162,7 +165,8 @@ class _Parser(argparse.ArgumentParser):
 
 EPILOG = """\
 Every flag goes before the training script: whatever follows the script, --dry-run included, is
-the script's own argument.
+the script's own argument. Each flag is taken with _ or - alike (--master_port or --master-port,
+--dry-run or --dry_run), as torchrun takes them.
 
 examples:
   %(prog)s --world_size 8 --use_mpi run_clm.py --do_train ...          one node, 8 ranks, no ssh
@@ -195,14 +199,12 @@ def spawn_parser(prog: str = "gaudi_spawn.py") -> argparse.ArgumentParser:
     p.add_argument("--use_deepspeed", action="store_true", help="start the ranks with DeepSpeed's launcher")
     p.add_argument(
         "--master_port",
-        "--master-port",
         type=int,
         default=DEFAULT_MASTER_PORT,
         help="rendezvous port; default 29500",
     )
     p.add_argument(
         "--dry-run",
-        "--dry_run",
         dest="dry_run",
         action="store_true",
         help="print hostfile, env file and command; launch nothing",
@@ -234,7 +236,20 @@ def spawn_parser(prog: str = "gaudi_spawn.py") -> argparse.ArgumentParser:
     ds.add_argument("--bind_core_list", default=None, help="cores to share out, e.g. 0-47")
     p.add_argument("training_script", help="the training script (its own arguments follow it)")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    _accept_both_spellings(p)
     return p  # fmt: skip
+
+
+def _accept_both_spellings(parser: argparse.ArgumentParser) -> None:
+    """Every long flag also with - for _ and _ for - (--master-port = --master_port), as torchrun
+    takes both; --help shows the one spelling each flag is documented with."""
+    for action in list(parser._actions):
+        for option in action.option_strings:
+            if not option.startswith("--"):
+                continue
+            for other in ("--" + option[2:].replace("_", "-"), "--" + option[2:].replace("-", "_")):
+                # What add_argument does, without adding the spelling to the help's list.
+                parser._option_string_actions.setdefault(other, action)
 
 
 @dataclass(frozen=True)

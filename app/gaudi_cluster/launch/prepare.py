@@ -263,7 +263,13 @@ def prepare(
         ),
     )
     # What the launcher needs on this machine is checked before it plans (DeepSpeed's backend_exists).
-    tools.check_requirements(settings.launcher, launcher.requires(inputs), mpirun_major=lambda: mpirun_major)
+    requirements = launcher.requires(inputs)
+    if settings.dry_run:  # prints what would run, runs nothing: a missing tool is worth a line, not a stop
+        missing = tools.unmet_requirement(settings.launcher, requirements, mpirun_major=lambda: mpirun_major)
+        if missing:
+            log.warning("dry run: %s", missing)
+    else:
+        tools.check_requirements(settings.launcher, requirements, mpirun_major=lambda: mpirun_major)
     launch = launcher.plan(inputs)
     warning = envfile.secret_arguments_warning(program)
     if warning is not None:

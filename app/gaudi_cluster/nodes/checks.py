@@ -112,7 +112,7 @@ def _node_findings(
                     "workload",
                     False,
                     f"{path} is missing",
-                    "use the same image (or shared storage) on every node",
+                    f"put {path} on {host} (the same image, a mount or shared storage on every node)",
                 )
             )
     if required_paths and all(report.paths.get(p) for p in required_paths):

@@ -290,7 +290,7 @@ def wait_for_peers(
     *,
     source: str = "discovery",
     interval_s: float = 1.0,
-    fix: str = "start the missing nodes (worker role) or raise GAUDI_CLUSTER_WAIT_TIMEOUT",
+    fix: str = "start the missing nodes (worker role) or raise --wait-timeout (GAUDI_CLUSTER_WAIT_TIMEOUT)",
 ) -> list[Peer]:
     """Poll `discover` under ONE deadline until `expected` peers are found.
 

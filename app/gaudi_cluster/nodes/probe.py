@@ -269,6 +269,7 @@ def run(
     if srun_task:
         print(srun.NODE_LINE_PREFIX + os.environ.get(srun.NODE_NAME_VARIABLE, ""), flush=True)
     if stage_job:
+        jobdir.check_job_id(stage_job, "--stage", Path(job_root))
         try:
             text = sys.stdin.read()
             if srun_task:

@@ -51,14 +51,7 @@ def setting(
     repeatable: the flag may be given several times (its values are joined with ';');
     echo: whether a bad value may be repeated in the error (not for values that may hold secrets).
     """
-    metadata = {
-        "parse": parse,
-        "help": help,
-        "example": example,
-        "switch": switch,
-        "repeatable": repeatable,
-        "echo": echo,
-    }
+    metadata = dict(parse=parse, help=help, example=example, switch=switch, repeatable=repeatable, echo=echo)
     return field(default=default, metadata=metadata)
 
 
@@ -290,12 +283,7 @@ def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str]) -> Clus
         if raw is None:
             continue
         named[s.name] = source
-        try:
-            values[s.name] = s.parse(raw)
-        except ValueError as error:
-            shown = f"={quoted(raw)}" if s.echo else ""
-            fix = error.fix if isinstance(error, SettingError) else _example(source, s)
-            raise ConfigError(f"{source}{shown} is invalid: {error}; fix: {fix}") from None
+        values[s.name] = parse_setting(s, raw, source)
     config = ClusterConfig(**values)
 
     def name(setting: str) -> str:
@@ -319,6 +307,16 @@ def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str]) -> Clus
         )
     _check_elastic(config, name)
     return config
+
+
+def parse_setting(s: Setting, raw: str, source: str) -> Any:
+    """One setting's value from what `source` (its flag or its variable) gave; ConfigError if bad."""
+    try:
+        return s.parse(raw)
+    except ValueError as error:
+        shown = f"={quoted(raw)}" if s.echo else ""
+        fix = error.fix if isinstance(error, SettingError) else _example(source, s)
+        raise ConfigError(f"{source}{shown} is invalid: {error}; fix: {fix}") from None
 
 
 def _assign(source: str, value: object) -> str:

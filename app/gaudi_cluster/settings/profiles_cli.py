@@ -21,6 +21,7 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from gaudi_cluster.errors import ConfigError
 from gaudi_cluster.settings import fork_pin
@@ -29,10 +30,19 @@ from gaudi_cluster.settings.profiles_build import docker_build_argv, markdown_ta
 from gaudi_cluster.settings.profiles_check import consistency_problems
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m gaudi_cluster.settings.profiles_cli", description=(__doc__ or "").split("\n")[0]
-    )
+class _Parser(argparse.ArgumentParser):
+    """A usage error as one line with its fix, exit 2 (as every gaudi-cluster command)."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message}; fix: see '{self.prog} --help'", file=sys.stderr)
+        sys.exit(2)
+
+
+def main(
+    argv: Sequence[str] | None = None, prog: str = "python -m gaudi_cluster.settings.profiles_cli"
+) -> int:
+    """`prog`: how the user called it (`gaudi-cluster profiles` from the CLI)."""
+    parser = _Parser(prog=prog, description=(__doc__ or "").split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     build = sub.add_parser("docker-build", help="print the docker build command of a profile (shell words)")
     build.add_argument("profile")
@@ -79,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "get":
             print(matrix.profile(args.profile).get(args.key))
     except ConfigError as error:
-        print(f"gaudi_cluster.settings.profiles_cli: error: {error}", file=sys.stderr)
+        print(f"{prog}: error: {error}", file=sys.stderr)
         return 2
     return 0
 

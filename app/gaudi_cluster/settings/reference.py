@@ -16,9 +16,9 @@ import argparse
 import enum
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from gaudi_cluster.settings.config import SETTINGS, Setting
+from gaudi_cluster.settings.flags import shown_default
 
 PAGE = Path(__file__).resolve().parents[3] / "docs" / "reference.md"
 
@@ -207,21 +207,6 @@ VARIABLES: tuple[Variable, ...] = (
 
 # Names of the GAUDI_CLUSTER_ form in the code that are not variables (a heredoc's end marker).
 NOT_VARIABLES = frozenset({"GAUDI_CLUSTER_EOF"})
-
-
-def shown_default(value: Any) -> str:
-    """A setting's default as a user writes it: sizes in K/M/G, switches off, nothing as a dash."""
-    if value is None or value in ((), ""):
-        return "-"
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if isinstance(value, int) and value >= 1 << 20 and value % (1 << 20) == 0:
-        for unit, shift in (("G", 30), ("M", 20)):
-            if value % (1 << shift) == 0:
-                return f"{value >> shift}{unit}"
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
 
 
 def _cell(text: str) -> str:

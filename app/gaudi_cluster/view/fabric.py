@@ -75,7 +75,9 @@ def busbw(size: int, seconds: float, world: int) -> float:
 
 
 def _fix(hosts: Sequence[str]) -> str:
-    return f"fix: drop it with --exclude {','.join(hosts)} (or repair its link and run doctor --fabric)"
+    # DeepSpeed's grammar joins nodes with @ (a comma separates slots).
+    drop = "@".join(hosts)
+    return f"fix: drop it with --exclude {drop} (or repair its link and rerun with --fabric-check)"
 
 
 def figures(
@@ -162,7 +164,7 @@ def figures(
     if not problems and _world_failed(full):
         problems.append(
             f"the world all-reduce failed on every node ({_world_failed(full)}); fix: see the rank logs "
-            "and run doctor --fabric"
+            "and run gaudi-cluster doctor --fabric-check"
         )
     if not problems and not full and not silent:
         problems.append(f"the fabric check gave no figures (backend {report.get('backend')}); see rank logs")
@@ -241,9 +243,8 @@ def _world_failed(full: Mapping[str, Any]) -> str:
 def no_report(hosts: Sequence[str], timeout_s: float, why: str) -> FabricResult:
     """The check's program never reported (it could not start, or was stopped): no node is named."""
     nodes = tuple(NodeFigures(h, (), None, None, None, "unknown") for h in hosts)
-    line = (
-        f"the fabric check gave no answer within its limits ({why}); fix: see gaudi-cluster doctor --fabric"
-    )
+    fix = "fix: see gaudi-cluster doctor --fabric-check"
+    line = f"the fabric check gave no answer within its limits ({why}); {fix}"
     return FabricResult("", len(hosts), timeout_s, nodes, None, (line,), ())
 
 

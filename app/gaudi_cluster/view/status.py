@@ -17,16 +17,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from gaudi_cluster.errors import ClusterNotReady, ConfigError
+from gaudi_cluster.errors import ClusterNotReady
+from gaudi_cluster.rank import jobdir
 from gaudi_cluster.view.jobview import render_table
 
-SOCKET_NAME = "status.sock"
+SOCKET_NAME = jobdir.STATUS_SOCKET
 
 
 class StatusServer:
     """Answers every connection with one JSON snapshot, then closes it."""
 
     def __init__(self, job_dir: Path, snapshot: Callable[[], dict[str, Any]]) -> None:
+        jobdir.check_socket_room(job_dir.parent)
         self.path = job_dir / SOCKET_NAME
         self.path.unlink(missing_ok=True)
         self._snapshot = snapshot
@@ -64,13 +66,9 @@ class StatusServer:
 
 def find_socket(job_root: Path, job_id: str | None) -> Path:
     """The named job's socket, or the newest job's that has one; one-line errors otherwise."""
+    jobdir.check_socket_room(job_root)
     if job_id:
-        if not (job_root / job_id).is_dir():
-            known = ", ".join(sorted(p.name for p in job_root.glob("*") if p.is_dir())[-3:])
-            raise ConfigError(
-                f"no job {job_id} under {job_root}; fix: name one of {known or 'none (no job ran here)'}"
-            )
-        path = job_root / job_id / SOCKET_NAME
+        path = jobdir.existing_job(job_root, job_id) / SOCKET_NAME
         if not path.exists():
             raise ClusterNotReady(f"job {job_id} is not running (it has no status socket); fix: see its logs")
         return path
