@@ -4,7 +4,9 @@ failure), and the per-phase test reports that fixtures read to print logs on fai
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -60,3 +62,12 @@ def hold_port() -> Iterator[Callable[[], int]]:
     """held_port() for the whole test: one call per port a child process binds (tests/support/ports.py)."""
     with ExitStack() as stack:
         yield lambda: stack.enter_context(held_port())
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A temporary directory short enough to hold a job root: a job's status socket must fit AF_UNIX's
+    108 bytes, which pytest-xdist's tmp_path (…/pytest-N/popen-gwN/<test name>/) can exceed."""
+    path = Path(tempfile.mkdtemp(prefix="gc-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

@@ -72,8 +72,8 @@ def test_aws_help_shows_every_default():
 # --- the job root: read the same way by every command, and never left ---
 
 
-def test_status_reap_and_probe_read_the_job_root_variable(tmp_path):
-    root = tmp_path / "jr"
+def test_status_reap_and_probe_read_the_job_root_variable(tmp_path, short_tmp):
+    root = short_tmp / "jr"
     (root / "j1").mkdir(parents=True)
     env = {"GAUDI_CLUSTER_JOB_ROOT": str(root)}
     reaped = gaudi_cluster(["reap", "--job-id", "j1"], tmp_path, env)

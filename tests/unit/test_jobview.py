@@ -118,8 +118,8 @@ def test_status_rows_and_table():
     assert table[0].split()[:4] == ["HOST", "RANK", "DEVICE", "STATE"] and len(table) == 5
 
 
-def test_status_command_reads_the_running_masters_socket(tmp_path):
-    job_dir = tmp_path / "jobs" / "j1"
+def test_status_command_reads_the_running_masters_socket(short_tmp):
+    job_dir = short_tmp / "jobs" / "j1"
     job_dir.mkdir(parents=True)
     server = status.StatusServer(
         job_dir, lambda: {"job": "j1", "state": "running", "line": "step 3", "ranks": []}
@@ -128,23 +128,23 @@ def test_status_command_reads_the_running_masters_socket(tmp_path):
     try:
         assert (job_dir / "status.sock").stat().st_mode & 0o077 == 0
         out = io.StringIO()
-        assert status.main(tmp_path / "jobs", None, as_json=True, out=out) == 0
+        assert status.main(short_tmp / "jobs", None, as_json=True, out=out) == 0
         assert json.loads(out.getvalue())["line"] == "step 3"
     finally:
         server.close()
 
 
-def test_status_errors_are_one_line(tmp_path):
-    (tmp_path / "jobs" / "old").mkdir(parents=True)
+def test_status_errors_are_one_line(short_tmp):
+    (short_tmp / "jobs" / "old").mkdir(parents=True)
     with pytest.raises(ConfigError, match=r"no job 'nope' under .*; fix: --job-id old \(the newest here"):
-        status.find_socket(tmp_path / "jobs", "nope")
+        status.find_socket(short_tmp / "jobs", "nope")
     with pytest.raises(ClusterNotReady, match="no running job under"):
-        status.find_socket(tmp_path / "jobs", None)
+        status.find_socket(short_tmp / "jobs", None)
     stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    stale.bind(str(tmp_path / "jobs" / "old" / "status.sock"))
+    stale.bind(str(short_tmp / "jobs" / "old" / "status.sock"))
     stale.close()  # the socket file stays, nobody listens
     with pytest.raises(ClusterNotReady, match="left from a master that is gone"):
-        status.main(tmp_path / "jobs", "old", as_json=False)
+        status.main(short_tmp / "jobs", "old", as_json=False)
 
 
 def test_the_report_holds_phases_names_and_stragglers(tmp_path):
