@@ -93,9 +93,12 @@ test-quick: venv host-tools ## unit, in-process and offline k8s tests (no Docker
 	$(PY) -m pytest -q -n 2 $(QUICK_TESTS)
 	$(PY) -m pytest -q tests/local
 
+# make test: the pure tests on two workers first (as test-quick), then everything else serially: the
+# Docker tests time failure detection, which a second worker on two cores would slow.
 test: venv host-tools ## all tests (builds the cpu image; needs a Docker engine)
 	$(MAKE) image-cpu image-gaudi-standin
-	$(PY) -m pytest -q --durations=25 tests
+	$(PY) -m pytest -q -n 2 --durations=10 $(QUICK_TESTS)
+	$(PY) -m pytest -q --durations=25 tests $(addprefix --ignore=,$(QUICK_TESTS))
 
 base-image: ## the Debian 12 base of the cpu flavor (pulled, or debootstrapped offline)
 	scripts/make-base-image.sh $(BASE_IMAGE_CPU)

@@ -8,8 +8,10 @@ import re
 import shutil
 import subprocess
 import threading
+from collections.abc import Iterator
 
 import pytest
+from gaudi_cluster_dev.localcluster import LocalCluster
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -45,6 +47,20 @@ def scrape_while_running(cluster, until: threading.Event) -> list[str]:
             seen.append(done.stdout)
         until.wait(1.0)
     return seen
+
+
+APP = "/opt/gaudi-cluster/app/train"
+
+
+def short_job(max_steps: int, save_steps: int) -> list[str]:
+    """The bundled workload cut to what a test needs: the default job's 40 steps of 256-token blocks become
+    `max_steps` of 64-token ones (a step costs about a quarter), with a loss every step."""
+    return [
+        f"{APP}/run_clm.py", "--do_train", "--output_dir", "/workspace/output", "--deepspeed",
+        f"{APP}/configs/ds_cpu.json", "--max_steps", str(max_steps), "--save_steps", str(save_steps),
+        "--logging_steps", "1", "--per_device_train_batch_size", "4", "--learning_rate", "2e-3",
+        "--warmup_steps", "0", "--seed", "7", "--block_size", "64", "--no_plot",
+    ]  # fmt: skip
 
 
 def sample(text: str, name: str, **labels: str) -> float | None:
@@ -201,6 +217,22 @@ def test_seed_command_shape_gaudi_spawn_inside_the_master(make_cluster, tmp_path
     )
 
 
+@pytest.fixture(scope="module")
+def one_worker(image, cluster_keys, tmp_path_factory) -> Iterator[LocalCluster]:
+    """One worker for the bad-input cases, started once: each case runs its own master against it, which
+    fails before it launches or stages anything there, so no case leaves the next one anything."""
+    cluster = LocalCluster(
+        image=image, key_dir=cluster_keys, workers=1, output_dir=tmp_path_factory.mktemp("o")
+    )
+    try:
+        cluster.create_network()
+        cluster.start_workers()
+        cluster.wait_healthy(cluster.worker_names)
+        yield cluster
+    finally:
+        cluster.remove()
+
+
 @pytest.mark.parametrize(
     ("case", "master_env", "expect_code", "expect_text"),
     [
@@ -232,11 +264,11 @@ def test_seed_command_shape_gaudi_spawn_inside_the_master(make_cluster, tmp_path
     ids=lambda v: v if isinstance(v, str) else None,
 )
 def test_master_bad_input_fails_clearly_and_launches_nothing(
-    make_cluster, case, master_env, expect_code, expect_text
+    one_worker, case, master_env, expect_code, expect_text
 ):
-    cluster = make_cluster(workers=1)
-    cluster.start_workers()
-    cluster.wait_healthy(cluster.worker_names)
+    cluster = one_worker
+    docker_rm_master(cluster)  # the previous case's
+    assert cluster.passes_health_check(cluster.worker(1)), cluster.logs(cluster.worker(1))[-3000:]
     cluster.start_master(extra_env=master_env)
     code = cluster.wait_master(timeout_s=120)
     log = cluster.logs(cluster.master)
@@ -245,6 +277,10 @@ def test_master_bad_input_fails_clearly_and_launches_nothing(
     assert len(errors) == 1 and expect_text in errors[0], log
     assert "fix:" in errors[0]
     assert not RANK_LINE.search(log), "a rank was launched on an invalid configuration"
+
+
+def docker_rm_master(cluster) -> None:
+    subprocess.run(["docker", "rm", "-f", cluster.master], check=False, capture_output=True, timeout=120)
 
 
 def test_worker_without_keys_and_unknown_role_exit_clearly(image):
@@ -293,7 +329,10 @@ def test_a_slow_rank_is_named_with_its_host_and_device(make_cluster):
     cluster.start_workers()
     cluster.wait_healthy(cluster.worker_names)
     slow = "GAUDI_CLUSTER_SLOW_RANK=2;GAUDI_CLUSTER_SLOW_MS=1500"
-    cluster.start_master(extra_env={"GAUDI_CLUSTER_ENV": slow, "GAUDI_CLUSTER_STATUS_INTERVAL": "5"})
+    # 16 steps of 1.5 s: the 3 warm-up steps, then 5 slow ones in a row to be named, with room to spare
+    # (the default job's 40 took a minute longer for the same lines).
+    env = {"GAUDI_CLUSTER_ENV": slow, "GAUDI_CLUSTER_STATUS_INTERVAL": "5"}
+    cluster.start_master(short_job(16, save_steps=16), extra_env=env)
     assert cluster.wait_master(timeout_s=600) == 0, cluster.logs(cluster.master)[-4000:]
     log = cluster.logs(cluster.master)
     named = [line for line in log.splitlines() if "straggler: host" in line]
@@ -311,7 +350,7 @@ def test_a_full_disk_on_one_worker_is_named_with_its_cause(make_cluster):
     cluster = make_cluster(workers=2, worker_args={2: ["--tmpfs", "/workspace/output:size=4m"]})
     cluster.start_workers()
     cluster.wait_healthy(cluster.worker_names)
-    cluster.start_master()
+    cluster.start_master(short_job(4, save_steps=2))  # the first save (about 15 MB a rank) fills 4 MB
     assert cluster.wait_master(timeout_s=600) == 1, cluster.logs(cluster.master)[-4000:]
     log = cluster.logs(cluster.master)
     summary = [line for line in log.splitlines() if re.match(r"gaudi-cluster: job \S+ failed:", line)]
@@ -354,8 +393,9 @@ def test_mpirun_with_tree_spawn_trains_across_three_containers(make_cluster, clu
     cluster.wait_healthy(cluster.worker_names)
     worker_ips = {name: cluster.ip_of(name) for name in cluster.worker_names}
     chain = {"GAUDI_CLUSTER_LAUNCHER": "mpirun", "OMPI_MCA_routed_radix": "1"}
+    trains = short_job(6, save_steps=6)  # a loss every step, a checkpoint at the end
 
-    cluster.start_master(extra_env=chain)
+    cluster.start_master(trains, extra_env=chain)
     code = cluster.wait_master(timeout_s=900)
     log = cluster.logs(cluster.master)
     assert code == 0, log[-4000:]
@@ -365,7 +405,7 @@ def test_mpirun_with_tree_spawn_trains_across_three_containers(make_cluster, clu
     cluster.output_dir = tmp_path / "output-tree"  # a fresh run, not a resume of the first one
 
     # Open MPI reads MCA parameters from OMPI_MCA_*; set in the master's environment, its choice rules.
-    cluster.start_master(extra_env={**chain, "OMPI_MCA_plm_rsh_no_tree_spawn": "0"})
+    cluster.start_master(trains, extra_env={**chain, "OMPI_MCA_plm_rsh_no_tree_spawn": "0"})
     code = cluster.wait_master(timeout_s=900)
     log = cluster.logs(cluster.master)
     assert code == 0, log[-4000:]

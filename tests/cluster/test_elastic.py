@@ -19,7 +19,9 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 SCRIPT = "/opt/gaudi-cluster/app/train/run_clm.py"
 CPU_CONFIG = "/opt/gaudi-cluster/app/train/configs/ds_cpu.json"
 MARKER = "gaudi-cluster-complete.json"  # train/checkpoints.py's COMPLETE_MARKER
-MAX_STEPS = 40
+# 24 steps on 64-token blocks (the default job: 40 on 256): the kill comes once checkpoint-8 is complete,
+# leaving 16 steps for it to be noticed before the end.
+MAX_STEPS = 24
 SAVE_STEPS = 4
 
 
@@ -28,7 +30,7 @@ def job(out: str = "/workspace/output") -> list[str]:
         SCRIPT, "--do_train", "--output_dir", out, "--deepspeed", CPU_CONFIG, "--max_steps", str(MAX_STEPS),
         "--save_steps", str(SAVE_STEPS), "--save_total_limit", "2", "--logging_steps", "1",
         "--per_device_train_batch_size", "4", "--learning_rate", "2e-3", "--warmup_steps", "0",
-        "--seed", "7", "--no_plot",
+        "--seed", "7", "--block_size", "64", "--no_plot",
     ]  # fmt: skip
 
 

@@ -16,13 +16,15 @@ from gaudi_cluster_dev.localcluster import LABEL
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 ATTACKS = Path(__file__).resolve().parents[1] / "support" / "attacks.py"
+# slow.py trains until the test creates this file in make_cluster's shared directory (SLOW_S: a cap).
+UNTIL_STOP = {"SLOW_S": "180", "STOP_FILE": "/workspace/shared/stop"}
 
 
 def test_forged_messages_from_the_network_cannot_stop_the_job(make_cluster, tmp_path):
     cluster = make_cluster(workers=2)
     cluster.start_workers()
     cluster.wait_healthy(cluster.worker_names)
-    cluster.start_master(["/workspace/user/slow.py"], extra_env={"SLOW_S": "40"})
+    cluster.start_master(["/workspace/user/slow.py"], extra_env=UNTIL_STOP)
     deadline = time.monotonic() + 180
     job = None
     while job is None and time.monotonic() < deadline:
@@ -49,6 +51,7 @@ def test_forged_messages_from_the_network_cannot_stop_the_job(make_cluster, tmp_
         report = json.loads(done.stdout.strip().splitlines()[-1])
         assert report["forged_exit_closed"] and report["huge_line_closed"], report
 
+    (tmp_path / "shared" / "stop").touch()  # both attacks are over, the job still ran: let it finish
     assert cluster.wait_master(timeout_s=240) == 0, cluster.logs(cluster.master)[-4000:]
     log = cluster.logs(cluster.master)
     assert "succeeded: 3 ranks on 3 nodes" in log
@@ -68,15 +71,16 @@ def stranger(cluster, *argv: str, timeout: float = 240) -> subprocess.Popen[str]
     )  # fmt: skip
 
 
-def test_a_jammed_control_port_still_admits_every_rank(make_cluster):
+def test_a_jammed_control_port_still_admits_every_rank(make_cluster, tmp_path):
     """Nested lines and slowloris peers from the moment the control port opens, while the ranks check
     in: every slot comes back, every handshake has its deadline, the job succeeds."""
     cluster = make_cluster(workers=2)
     cluster.start_workers()
     cluster.wait_healthy(cluster.worker_names)
-    cluster.start_master(["/workspace/user/slow.py"], extra_env={"SLOW_S": "20"})
+    cluster.start_master(["/workspace/user/slow.py"], extra_env=UNTIL_STOP)
     jam = stranger(cluster, cluster.ip_of(cluster.master), "29400", "-", "--jam", "15")
     out, _ = jam.communicate(timeout=240)
+    (tmp_path / "shared" / "stop").touch()  # the jam is over: the job (every rank in it) may end
     assert cluster.wait_master(timeout_s=240) == 0, cluster.logs(cluster.master)[-4000:]
     report = json.loads(out.strip().splitlines()[-1])
     assert report["nested_sent"] > 0 and report["nested_closed"] == report["nested_sent"], report
@@ -176,14 +180,14 @@ def test_a_worker_passing_for_another_or_uncertified_is_refused_by_host_key(make
         assert "private.json" not in staged.stdout and "probe" not in staged.stdout, staged.stdout
 
 
-def test_no_secret_reaches_deepspeeds_runner_pdsh_or_the_log(make_cluster):
+def test_no_secret_reaches_deepspeeds_runner_pdsh_or_the_log(make_cluster, tmp_path):
     secret = "mlflow-" + os.urandom(8).hex()
     cluster = make_cluster(workers=2)
     cluster.start_workers()
     cluster.wait_healthy(cluster.worker_names)
     cluster.start_master(
         ["/workspace/user/slow.py"],
-        extra_env={"SLOW_S": "25", "GAUDI_CLUSTER_LAUNCHER": "deepspeed", "MLFLOW_TRACKING_PASSWORD": secret},
+        extra_env={**UNTIL_STOP, "GAUDI_CLUSTER_LAUNCHER": "deepspeed", "MLFLOW_TRACKING_PASSWORD": secret},
     )
     deadline, seen = time.monotonic() + 180, ""
     while "still training" not in cluster.logs(cluster.master) and time.monotonic() < deadline:
@@ -192,6 +196,7 @@ def test_no_secret_reaches_deepspeeds_runner_pdsh_or_the_log(make_cluster):
         argv = cluster.exec(name, "sh", "-c", "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '").stdout
         assert "pdsh" in argv or "deepspeed.launcher.launch" in argv or name != cluster.master, argv[-2000:]
         seen += argv
+    (tmp_path / "shared" / "stop").touch()  # every node's processes were read while the job ran
     assert cluster.wait_master(timeout_s=240) == 0, cluster.logs(cluster.master)[-4000:]
     log = cluster.logs(cluster.master)
     assert "[launcher]" in log and "export " in log  # DeepSpeed's runner logged its pdsh command

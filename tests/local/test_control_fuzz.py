@@ -31,7 +31,8 @@ def test_the_job_survives_the_attacks_and_memory_stays_bounded(tmp_path, hold_po
     env.update(
         GAUDI_CLUSTER_JOB_ROOT=str(tmp_path / "jobs"),
         GAUDI_CLUSTER_CONTROL_PORT=str(port),
-        SLOW_S="30",
+        SLOW_S="120",  # a cap: the test ends the job (STOP_FILE) once the attacks and its figures are done
+        STOP_FILE=str(tmp_path / "stop"),
         PYTHONUNBUFFERED="1",
     )
     master = subprocess.Popen(
@@ -60,6 +61,7 @@ def test_the_job_survives_the_attacks_and_memory_stays_bounded(tmp_path, hold_po
         master.kill()
         pytest.fail(f"the control port stopped answering ({error}):\n{''.join(lines)[-4000:]}")
     rss_after = psutil.Process(master.pid).memory_info().rss
+    (tmp_path / "stop").touch()
     assert master.wait(timeout=180) == 0, "".join(lines)[-4000:]
     reader.join(5)
     log = "".join(lines)
