@@ -1,4 +1,5 @@
-"""A worker's life under Slurm: its sshd as a child, until the master releases the node (thin).
+"""Node (a worker under Slurm; `release_workers` runs on the master): its sshd as a child, until the
+master releases the node (thin).
 
     python -m gaudi_cluster.engines.nodewatch role
         the role `auto` resolves to here (engine.auto_role), printed as
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from gaudi_cluster.engines import auto as engine
@@ -147,8 +149,17 @@ def release(config: ClusterConfig, key: str, exit_code: int | None) -> int:
     return 0
 
 
+@dataclass(frozen=True)
+class ReleaseSettings:
+    """What releasing the workers at the job's end reads of the settings."""
+
+    job_root: str
+    ssh_port: int
+    ssh_dir: str
+
+
 def release_workers(
-    config: ClusterConfig,
+    config: ReleaseSettings,
     environ: Mapping[str, str],
     ssh_config: Path | None,
     exit_code: int | None,

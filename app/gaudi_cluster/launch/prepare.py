@@ -22,7 +22,6 @@ from gaudi_cluster.nodes import checks, ssh
 from gaudi_cluster.nodes.devices import resolve_accelerator
 from gaudi_cluster.nodes.hostfile import HostEntry, Hostfile, active_resources, make_hostfile, render_hostfile
 from gaudi_cluster.nodes.survey import NodeSurvey
-from gaudi_cluster.settings.config import ClusterConfig
 from gaudi_cluster.wire import protocol
 from gaudi_cluster.wire.private_payload import PrivatePayload
 
@@ -76,10 +75,6 @@ class PrepareSettings:
     control_port: int
     heartbeat_timeout: float
     job_root: str
-
-    @classmethod
-    def from_config(cls, config: ClusterConfig) -> PrepareSettings:
-        return cls(**{name: getattr(config, name) for name in cls.__dataclass_fields__})
 
 
 @dataclass(frozen=True)

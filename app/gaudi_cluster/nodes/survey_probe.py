@@ -12,7 +12,6 @@ from pathlib import Path
 from gaudi_cluster.nodes import srun_steps, ssh
 from gaudi_cluster.nodes.find import FindSettings
 from gaudi_cluster.nodes.srun import SrunStep
-from gaudi_cluster.settings.config import ClusterConfig
 from gaudi_cluster.wire.node_report import NodeReport, report_from_last_line
 from gaudi_cluster.wire.private_payload import PayloadBundle, PrivatePayload
 
@@ -30,12 +29,6 @@ class SurveySettings:
     socket_ifname: str | None
     job_root: str
     dry_run: bool
-
-    @classmethod
-    def from_config(cls, config: ClusterConfig) -> SurveySettings:
-        names = [name for name in cls.__dataclass_fields__ if name != "find"]
-        find = FindSettings(**{name: getattr(config, name) for name in FindSettings.__dataclass_fields__})
-        return cls(find=find, **{name: getattr(config, name) for name in names})
 
 
 def check_efa(config: SurveySettings, environ: Mapping[str, str]) -> bool:

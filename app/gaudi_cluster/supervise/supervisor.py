@@ -54,8 +54,10 @@ class SupervisorPhase(enum.Enum):
         return cls(state.value)
 
 
-@dataclass
+@dataclass(frozen=True)
 class SupervisorSettings:
+    """What supervising an attempt reads of the cluster's settings, and nothing else."""
+
     start_timeout_s: float = 120.0
     stuck_timeout_s: float = 600.0
     stop_grace_s: float = 8.0
