@@ -94,8 +94,8 @@ def run_job(
             again = f"restart {run.attempt - 1} of {settings.max_restarts}"
             write_lines(out, [*run.lines, f"restarting the job from its latest checkpoint ({again})"])
     finally:
-        ssh_config = job.ssh_config if job else None
-        nodewatch.release_workers(settings.release, environ, ssh_config, exit_code, skip=run.lost)
+        reach = job.survey.reach if job else None
+        nodewatch.release_workers(settings.release, environ, reach, exit_code, skip=run.lost)
         if metrics is not None:
             metrics.close()
         lifetime.join_all(existing=callers_threads)

@@ -150,7 +150,7 @@ def run_attempt(job: PreparedJob, context: AttemptContext) -> AttemptResult:
     lost = frozenset(supervisor.lost_hosts) | ({outcome.lost_host} if outcome.lost_host else set())
     try:
         if outcome.leaves_processes:
-            cleanup.reap_everywhere(job.survey, settings.job_root, settings.ssh_port, supervisor.lost_hosts)
+            cleanup.reap_everywhere(job.survey, settings.job_root, supervisor.lost_hosts)
         else:
             out.write(
                 f"gaudi-cluster: job {job.job_id} succeeded: {job.world_size} ranks on "

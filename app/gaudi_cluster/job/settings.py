@@ -29,7 +29,6 @@ class AttemptSettings:
     control_port: int
     heartbeat_timeout: float
     job_root: str
-    ssh_port: int
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The master's srun steps against a stand-in `srun` (no Slurm here): one step for every node, the
+"""The master's Reach over srun against a stand-in `srun` (no Slurm here): one step for every node, the
 labelled output read back by the node each task names, and a task that stages its own payload only."""
 
 from __future__ import annotations
@@ -7,11 +7,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from gaudi_cluster.nodes import srun_steps
+from gaudi_cluster.nodes.reach import SrunReach, failures
 from gaudi_cluster.nodes.srun import SrunStep
+from gaudi_cluster.nodes.survey import probe_nodes
 from gaudi_cluster.rank import jobdir
 from gaudi_cluster.wire.private_payload import PayloadBundle, PrivatePayload
 
@@ -48,23 +50,16 @@ def step(tmp_path: Path) -> SrunStep:
     return SrunStep(str(fake), 42)
 
 
-def probe_command(job_root: Path, stage: bool) -> list[str]:
-    command = [
-        sys.executable,
-        "-m",
-        "gaudi_cluster",
-        "probe",
-        "--json",
-        "--accelerator",
-        "cpu",
-        "--srun-task",
-    ]
+def probe_command(job_root: Path, stage: bool, srun_task: bool = False) -> list[str]:
+    command = [sys.executable, "-m", "gaudi_cluster", "probe", "--json", "--accelerator", "cpu"]
+    command += ["--srun-task"] if srun_task else []
     return command + (["--stage", "j1", "--job-root", str(job_root)] if stage else [])
 
 
 def test_one_probe_step_reports_every_node_by_the_name_its_task_gives(step, tmp_path):
-    reports, unreachable = srun_steps.probe(
-        step, ["node1", "node2"], probe_command(tmp_path, False), 60, None
+    command = probe_command(tmp_path, False)
+    reports, unreachable = probe_nodes(
+        SrunReach(step), ["node1", "node2"], command, None, time.monotonic() + 60
     )
     assert sorted(reports) == ["node1", "node2"] and unreachable == {}
     assert reports["node1"].accelerator == "cpu"
@@ -72,14 +67,27 @@ def test_one_probe_step_reports_every_node_by_the_name_its_task_gives(step, tmp_
 
 def test_a_failed_task_is_named_with_sruns_verdict(step, tmp_path, monkeypatch):
     monkeypatch.setenv("FAIL_ON", "node2")
-    reports, unreachable = srun_steps.probe(
-        step, ["node1", "node2"], probe_command(tmp_path, False), 60, None
+    command = probe_command(tmp_path, False)
+    reports, unreachable = probe_nodes(
+        SrunReach(step), ["node1", "node2"], command, None, time.monotonic() + 60
     )
     assert sorted(reports) == ["node1"]
     assert unreachable == {"node2": "srun: Exited with exit code 1"}
-    failed = srun_steps.run_everywhere(step, ["node1", "node2"], ["true"], "gc-reap", 30)
-    assert failed == {"node2": "Exited with exit code 1"}
-    assert srun_steps.run_everywhere(step, [], ["true"], "gc-reap", 30) == {}
+    failed = failures(SrunReach(step).run(["node1", "node2"], ["true"], timeout_s=30, label="gc-reap"))
+    assert failed == {"node2": "srun: Exited with exit code 1"}
+    assert SrunReach(step).run([], ["true"], timeout_s=30) == {}
+
+
+def test_a_probe_over_srun_sends_every_nodes_payload_in_one_bundle_and_each_stages_its_own(step, tmp_path):
+    payloads = {host: PrivatePayload(host, f"key-of-{host}") for host in ("node1", "node2")}
+    command = probe_command(tmp_path, True)
+    reports, unreachable = probe_nodes(
+        SrunReach(step), ["node1", "node2"], command, payloads.__getitem__, time.monotonic() + 60
+    )
+    assert sorted(reports) == ["node1", "node2"] and unreachable == {}
+    # The stand-in runs both tasks on this machine, into one job directory: the last task's own key.
+    private = tmp_path / "j1" / jobdir.PRIVATE_FILE
+    assert json.loads(private.read_text())["token"] == "key-of-node1"
 
 
 def test_a_probe_task_stages_its_own_payload_and_nothing_of_the_others(tmp_path):
@@ -88,7 +96,7 @@ def test_a_probe_task_stages_its_own_payload_and_nothing_of_the_others(tmp_path)
     )
     env = {**os.environ, "SLURMD_NODENAME": "node2"}
     done = subprocess.run(
-        probe_command(tmp_path, True),
+        probe_command(tmp_path, True, srun_task=True),
         check=False,
         input=bundle.to_json(),
         capture_output=True,
