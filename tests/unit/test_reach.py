@@ -111,3 +111,38 @@ def test_a_probe_task_stages_its_own_payload_and_nothing_of_the_others(tmp_path)
     assert private.stat().st_mode & 0o777 == 0o600
     written = "".join(path.read_text() for path in tmp_path.rglob("*") if path.is_file())
     assert "key-of-node1" not in written + done.stdout + done.stderr
+
+
+def test_the_local_reach_runs_here_and_says_why_a_command_failed():
+    from gaudi_cluster.nodes.reach import LocalReach
+
+    reach = LocalReach()
+    ok = reach.run(["this"], ["sh", "-c", "echo one; echo two"])["this"]
+    assert ok.ok and ok.lines == ("one", "two") and ok.why == ""
+    given = reach.run(["this"], ["cat"], stdin_of=lambda host: f"for {host}\n")["this"]
+    assert given.lines == ("for this",)
+    failed = reach.run(["this"], ["sh", "-c", "echo gone >&2; exit 3"])["this"]
+    assert not failed.ok and failed.why == "exit code 3: gone"
+    assert failures({"this": failed}) == {"this": "exit code 3: gone"}
+
+
+def test_the_ssh_reach_gives_each_node_its_own_stdin_and_ssh_failures_in_words(tmp_path, monkeypatch):
+    from gaudi_cluster.nodes import ssh
+    from gaudi_cluster.nodes.reach import SshReach
+
+    seen = {}
+
+    def fake_run_on_hosts(hosts, argv, config, timeout_s, connect_timeout_s=None, stdin=None):
+        seen.update({host: (stdin(host), connect_timeout_s) for host in hosts})
+        return {
+            "a": ssh.SshResult("a", 0, "report\n", ""),
+            "b": ssh.SshResult("b", 255, "", "ssh: connect to host b port 3022: Connection refused"),
+        }
+
+    monkeypatch.setattr(ssh, "run_on_hosts", fake_run_on_hosts)
+    reach = SshReach(tmp_path / "ssh_config", 3022)
+    replies = reach.run(["a", "b"], ["true"], stdin_of=lambda host: f"key of {host}", timeout_s=3)
+    assert seen == {"a": ("key of a", 1), "b": ("key of b", 1)}  # a short run connects within 1 s
+    assert replies["a"].ok and replies["a"].lines == ("report",)
+    assert not replies["b"].ok and "nothing listens on port 3022" in replies["b"].why
+    reach.close()  # nothing opened: nothing to close, no error

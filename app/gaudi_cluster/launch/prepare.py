@@ -180,8 +180,8 @@ def prepare(
     if survey.unreachable:
         details = "; ".join(f"{host}: {why}" for host, why in survey.unreachable.items())
         raise ClusterNotReady(
-            f"{len(survey.unreachable)} of {len(survey.hosts)} nodes failed the "
-            f"{'srun' if survey.srun else 'ssh'} probe: {details}"
+            f"{len(survey.unreachable)} of {len(survey.hosts)} nodes failed the probe "
+            f"({survey.reached_by()}): {details}"
         )
     if survey.srun is not None and settings.launcher != "direct":
         # Inside Slurm no node runs sshd (nodes/srun): pdsh, mpirun's ssh agent and ours need one.
