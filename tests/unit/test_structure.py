@@ -333,7 +333,14 @@ SAYS_ITS_PROCESS = {
     "gaudi_cluster.engines.nodewatch",
     "gaudi_cluster.launch.fanout",
     "gaudi_cluster.launch.node",
+    "gaudi_cluster.launch.prepare",
     "gaudi_cluster.launch.restart",
+    "gaudi_cluster.nodes.cleanup",
+    "gaudi_cluster.nodes.handover",
+    "gaudi_cluster.nodes.reach",
+    "gaudi_cluster.nodes.survey",
+    "gaudi_cluster.supervise.supervisor",
+    "gaudi_cluster.view.fabric",
     "gaudi_cluster.settings.reference",
 } | {name for name in module_files() if name.startswith("gaudi_cluster.job")}
 

@@ -1,4 +1,4 @@
-"""The second phase of a job: from the node survey to files on disk and a launch plan.
+"""Master: the second phase of a job, from the node survey to files on disk and a launch plan.
 
 preflight checks (blocking ones stop here) -> hostfile -> .deepspeed_env -> LaunchPlan. In a dry run
 nothing is written; the same values are printed instead. What the probe stages on every node before

@@ -1,4 +1,4 @@
-"""Run a LaunchPlan and watch every rank through the control channel until the job ends.
+"""Master: run a LaunchPlan and watch every rank through the control channel until the job ends.
 
 The first failure anywhere (non-zero exit, signal, closed connection, silent node, stuck rank,
 launcher error) stops THIS job's ranks on every node through their agents, and ends in one summary
