@@ -80,7 +80,8 @@ def master(nodes: int, state: Path) -> dict[str, Any]:
     import psutil
     from gaudi_cluster.nodes import cleanup, ssh
     from gaudi_cluster.nodes.find import FindSettings
-    from gaudi_cluster.nodes.survey import NodeSurvey, SurveySettings, probe_nodes
+    from gaudi_cluster.nodes.reach import SshReach
+    from gaudi_cluster.nodes.survey import NodeSurvey, SurveySettings, probe_command, probe_nodes
     from gaudi_cluster.wire.private_payload import PrivatePayload
 
     hosts = host_names(nodes)
@@ -92,21 +93,24 @@ def master(nodes: int, state: Path) -> dict[str, Any]:
     settings = SurveySettings(find=find, wait_timeout=120, ssh_port=3022, ssh_dir=str(state),
                               accelerator="cpu", env_preset="cpu", socket_ifname=None, job_root=str(state),
                               dry_run=False)  # fmt: skip
+    reach = SshReach(config, 3022, control_dir)
     began = time.monotonic()
     failed = ssh.open_connections(hosts, config, 60)
+    reach.opened.update(hosts)
     opened = time.monotonic()
+    command = probe_command(settings, [], {}, JOB, True, None)
     reports, unreachable = probe_nodes(
-        settings, hosts, [], config, {}, began + 120, JOB, lambda host: PrivatePayload(host, "0" * 64)
+        reach, hosts, command, lambda host: PrivatePayload(host, "0" * 64), began + 120
     )
     probed = time.monotonic()
     held = len(held_masters(state))
     survey = NodeSurvey(
-        job_id=JOB, job_dir=job_dir, ssh_config=config, master_addr=hosts[0], local_addr="10.0.0.1",
+        job_id=JOB, job_dir=job_dir, master_addr=hosts[0], local_addr="10.0.0.1",
         socket_ifname=None, hosts=tuple(hosts), requested_slots={}, paths=(), reports=reports,
-        unreachable=unreachable, control_dir=control_dir,
+        unreachable=unreachable, reach=reach,
     )  # fmt: skip
     teardown = time.monotonic()
-    cleanup.reap_everywhere(survey, str(state), 3022)
+    cleanup.reap_everywhere(survey, str(state))
     survey.release()
     me = psutil.Process()
     while time.monotonic() - teardown < WAIT_S:

@@ -1,5 +1,6 @@
-"""`gaudi-cluster doctor`: survey every node in parallel and print the preflight findings (a table, or
-with --json the findings as JSON and nothing else).
+"""Master (the doctor role, where a job's master would run): `gaudi-cluster doctor` surveys every
+node in parallel and prints the preflight findings (a table, or with --json the findings as JSON and
+nothing else).
 
 The checks themselves are pure and live in `checks`; the master runs the same ones before every
 launch (unless --skip-doctor), so what the doctor reports is what would block a job.
@@ -13,9 +14,11 @@ import sys
 from collections.abc import Mapping
 from typing import TextIO
 
-from gaudi_cluster import fabric, master
+from gaudi_cluster.job import fabric_check
+from gaudi_cluster.job.attempt import survey_for
+from gaudi_cluster.job.settings import JobSettings
 from gaudi_cluster.launch import plan
-from gaudi_cluster.launch.prepare import PrepareSettings, job_env_for, staged_values
+from gaudi_cluster.launch.prepare import job_env_for, staged_values
 from gaudi_cluster.launch.program import program_from_args
 from gaudi_cluster.nodes import checks
 from gaudi_cluster.nodes.devices import resolve_accelerator
@@ -29,27 +32,25 @@ def run_doctor(
     json_only: bool = False,
     with_fabric: bool = False,
 ) -> int:
+    settings = JobSettings.from_config(config)
     program = program_from_args(
-        [], sys.executable, resolve_accelerator(config.accelerator, environ), environ, os.getcwd()
+        [], sys.executable, resolve_accelerator(settings.accelerator, environ), environ, os.getcwd()
     )
-    survey = master.survey_for(config, program, environ)
+    survey = survey_for(settings, program, environ)
     try:
-        accelerator = resolve_accelerator(config.accelerator, environ, survey.master_report)
-        settings = PrepareSettings.from_config(config)
-        env_file = job_env_for(
-            settings, accelerator, survey, environ, staged_values(config.env_pass, environ)
-        )
-        findings = survey.preflight(env_file.as_dict(), config.min_free_disk)
+        accelerator = resolve_accelerator(settings.accelerator, environ, survey.master_report)
+        staged = staged_values(settings.env_pass, environ)
+        env_file = job_env_for(settings.prepare, accelerator, survey, environ, staged)
+        findings = survey.preflight(env_file.as_dict(), settings.prepare.min_free_disk)
     finally:
         survey.release()  # the doctor launches nothing: its shared ssh connections end here
     # Which scale-out path the ranks would take, and why (`auto` decides from the master's probe).
     preset = f"{env_file.preset} ({env_file.preset_reason})"
     findings.append(checks.Finding(survey.hosts[0], "env preset", True, preset))
     problems = checks.blocking(findings)
-    if (
-        with_fabric or config.fabric_check
-    ) and not problems:  # ranks can start only where the preflight passes
-        return run_fabric(config, environ, out, findings, json_only)
+    # Ranks can start only where the preflight passes.
+    if (with_fabric or settings.fabric.enabled) and not problems:
+        return run_fabric(settings, environ, out, findings, json_only)
     # A person reads the table; a tool asks for --json and gets nothing else on stdout.
     out.write((checks.render_json(findings) if json_only else checks.render_table(findings)) + "\n")
     if problems:
@@ -64,7 +65,7 @@ def run_doctor(
 
 
 def run_fabric(
-    config: ClusterConfig,
+    settings: JobSettings,
     environ: Mapping[str, str],
     out: TextIO,
     findings: list[checks.Finding],
@@ -76,18 +77,18 @@ def run_fabric(
         out.write(checks.render_table(findings) + "\n")
         out.flush()
     # The nodes the job would use: --include/--exclude apply to the check as to the launch.
-    options = plan.LaunchOptions(include=config.include, exclude=config.exclude)
-    result, _ = fabric.run_check(config, environ, master.prepare_attempt, master.run_prepared, options)
+    options = plan.LaunchOptions(include=settings.include, exclude=settings.exclude)
+    result = fabric_check.run_check(settings, environ, options)
     if json_only:
         document = {
             "findings": json.loads(checks.render_json(findings)),
-            "fabric": json.loads(result.to_json()),
+            "fabric": result.to_dict(),
         }
         out.write(json.dumps(document, indent=2) + "\n")
     else:
-        out.write(fabric.render_table(result) + "\n")
+        out.write(fabric_check.render_table(result) + "\n")
     out.flush()
     if not result.ok:
-        print(fabric.stop_line(result), file=sys.stderr)
+        print(fabric_check.stop_line(result), file=sys.stderr)
         return 3
     return 0

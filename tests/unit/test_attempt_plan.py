@@ -163,7 +163,7 @@ def test_the_zero_stage_is_read_from_the_jobs_deepspeed_config(tmp_path):
 
 def test_a_spare_is_named_by_its_probe_like_every_other_node():
     survey = NodeSurvey(
-        job_id="j", job_dir=Path("/nonexistent"), ssh_config=None, master_addr="10.0.0.1",
+        job_id="j", job_dir=Path("/nonexistent"), master_addr="10.0.0.1",
         local_addr="10.0.0.1",
         socket_ifname=None, hosts=("10.0.0.1",), requested_slots={}, paths=(),
         reports={"10.0.0.1": NodeReport("cpu", 1, hostname="master")}, unreachable={},

@@ -257,18 +257,20 @@ def test_master_releases_the_other_nodes_of_the_step_but_not_lost_ones(tmp_path,
 
     calls = []
 
-    def fake_run_on_hosts(hosts, command, config, timeout_s, connect_timeout_s=None):
+    def fake_run_on_hosts(hosts, command, config, timeout_s, connect_timeout_s=None, stdin=None):
         calls.append((list(hosts), command, config.read_text()))
         return {host: ssh.SshResult(host, 0, "", "") for host in hosts}
 
     monkeypatch.setattr(ssh, "run_on_hosts", fake_run_on_hosts)
-    config = resolve_config({}, {"GAUDI_CLUSTER_JOB_ROOT": str(tmp_path / "jobs")})
+    from gaudi_cluster.job.settings import JobSettings
+
+    config = JobSettings.from_config(resolve_config({}, {"GAUDI_CLUSTER_JOB_ROOT": str(tmp_path / "jobs")}))
     env = {**SLURM_STEP, "SLURM_NODEID": "0"}
-    nodewatch.release_workers(config, env, None, 1, skip={"gaudi03"})
+    nodewatch.release_workers(config.release, env, None, 1, skip={"gaudi03"})
     ((hosts, command, ssh_config),) = calls
     assert hosts == ["gaudi02"]
     assert command[-6:] == ["gaudi_cluster.engines.nodewatch", "release", "--key", "77.0", "--exit-code", "1"]
     assert "BatchMode yes" in ssh_config
     calls.clear()
-    nodewatch.release_workers(config, {"GAUDI_CLUSTER_PEERS": "a,b"}, None, 0)
+    nodewatch.release_workers(config.release, {"GAUDI_CLUSTER_PEERS": "a,b"}, None, 0)
     assert calls == []

@@ -116,7 +116,7 @@ def test_master_with_fabric_check_stops_the_launch_with_one_line_naming_the_node
 
     pairs = [_pair(0, 1, 0.01), _pair(2, 3, 0.5), _pair(1, 2, 0.5), _pair(3, 0, 0.01)]
     slow = fabric.figures(_report(pairs, _full()), HOSTS)
-    monkeypatch.setattr(master.fabric, "run_check", lambda *a, **k: (slow, "check-1"))
+    monkeypatch.setattr(master.fabric_check, "run_check", lambda *a, **k: slow)
     launched = []
     monkeypatch.setattr(master, "prepare_attempt", lambda *a, **k: launched.append(a))
     out = io.StringIO()

@@ -12,6 +12,7 @@ from gaudi_cluster.errors import ClusterNotReady, ConfigError
 from gaudi_cluster.launch.node import read_spec
 from gaudi_cluster.nodes import srun
 from gaudi_cluster.nodes.handover import send_checkpoint
+from gaudi_cluster.nodes.reach import LocalReach, SrunReach, SshReach
 from gaudi_cluster.nodes.srun import SrunStep
 from gaudi_cluster.nodes.survey import NodeSurvey
 from gaudi_cluster.wire.node_report import NodeReport
@@ -183,11 +184,14 @@ def test_a_worker_under_srun_never_knocks_and_never_times_out_on_its_own():
 
 
 def _survey(step: SrunStep | None, local: bool = False) -> NodeSurvey:
+    reach = (
+        SrunReach(step) if step else LocalReach() if local else SshReach(Path("/nonexistent/ssh_config"), 22)
+    )
     return NodeSurvey(
-        job_id="j", job_dir=Path("/nonexistent"), ssh_config=None, master_addr="node1", local_addr="10.0.0.1",
+        job_id="j", job_dir=Path("/nonexistent"), master_addr="node1", local_addr="10.0.0.1",
         socket_ifname=None, hosts=("node1", "node2"), requested_slots={}, paths=(),
         reports={h: NodeReport("cpu", 1, hostname=h) for h in ("node1", "node2")}, unreachable={},
-        local=local, srun=step,
+        local=local, reach=reach,
     )  # fmt: skip
 
 

@@ -3,14 +3,32 @@
 from __future__ import annotations
 
 import ast
+import warnings
 from pathlib import Path
 
 import pytest
 
 APP = Path(__file__).resolve().parents[2] / "app"
 PACKAGES = ("gaudi_cluster", "train")
-MAX_LINES = 350
+# A soft budget, not a cap that shapes the code: past WARN_LINES a module is worth a look (split it
+# where it holds two concepts, each part named after its concept); past FAIL_LINES it must be split.
+WARN_LINES = 450
+FAIL_LINES = 600
 MAX_TOP_MODULES = 8
+# The modules a process starts from (`python -m ...`), and the process each one is: what a reader
+# opens to learn where code runs. gaudi_cluster itself (__main__) is every role of the image.
+ENTRY_MODULES = {
+    "gaudi_cluster.__main__": "master, node (worker) or user's machine: the image's roles",
+    "gaudi_cluster.engines.nodewatch": "node: a worker's life under Slurm",
+    "gaudi_cluster.launch.fanout": "master: the direct launcher's fan-out to every node",
+    "gaudi_cluster.launch.node": "node: the direct launcher's per-node process",
+    "gaudi_cluster.rank.agent": "rank: one rank's agent",
+    "gaudi_cluster.rank.relay": "node: the node's one control connection",
+    "gaudi_cluster.settings.profiles_cli": "user's machine: the profile matrix for the build and docs",
+    "gaudi_cluster.settings.reference": "user's machine: docs/reference.md",
+}
+# Where a module says which process it runs in: the first words of its docstring.
+PROCESSES = ("master", "node", "rank", "user's machine", "runs on", "any process", "every process")
 # The folders of gaudi_cluster in the order of the job's path, lowest first: a module imports its own
 # folder, the folders before it, and gaudi_cluster.errors; never a folder after it, nor a top module.
 FOLDERS = (
@@ -23,6 +41,7 @@ FOLDERS = (
     "view",
     "supervise",
     "engines",
+    "job",
     "compat",
     "aws",
 )
@@ -164,7 +183,8 @@ def test_the_import_graph_is_real():
     graph = import_graph()
     assert "gaudi_cluster.env.envfile" in graph["gaudi_cluster.settings.config"]
     assert "gaudi_cluster.nodes.survey" in graph["gaudi_cluster.launch.prepare"]
-    assert "gaudi_cluster.nodes.survey" in graph["gaudi_cluster.master"]
+    assert "gaudi_cluster.job.attempt" in graph["gaudi_cluster.master"]
+    assert "gaudi_cluster.nodes.survey" in graph["gaudi_cluster.job.attempt"]
 
 
 def folder_of(module: str) -> str | None:
@@ -285,9 +305,55 @@ def test_pure_modules_touch_no_file_and_no_environment(name):
 
 
 @pytest.mark.parametrize("name", sorted(module_files()))
-def test_no_module_is_over_the_size_limit(name):
+def test_no_module_is_over_the_size_budget(name):
     lines = len(module_files()[name].read_text().splitlines())
-    assert lines <= MAX_LINES, f"{name} has {lines} lines; split it by phase or concept"
+    assert lines <= FAIL_LINES, f"{name} has {lines} lines; split it by concept, each part named after one"
+    if lines > WARN_LINES:
+        warnings.warn(f"{name}: {lines} lines (budget {WARN_LINES}); two concepts?", stacklevel=1)
+
+
+def main_modules() -> set[str]:
+    """Every module that runs as a process: a __main__.py, or a module with a `__main__` guard."""
+    found = set()
+    for name, path in module_files().items():
+        if not name.startswith("gaudi_cluster."):
+            continue
+        tree = ast.parse(path.read_text())
+        guarded = any(isinstance(node, ast.If) and "__main__" in ast.unparse(node.test) for node in tree.body)
+        if path.name == "__main__.py" or (guarded and name != "gaudi_cluster.cli"):
+            found.add(name)
+    return found
+
+
+def test_the_process_entry_modules_are_listed():
+    """cli's guard only repeats __main__'s entry; every other process entry is named above."""
+    assert main_modules() == set(ENTRY_MODULES)
+
+
+# Modules whose docstring already starts with their process (the rest follow as they are touched).
+SAYS_ITS_PROCESS = {
+    "gaudi_cluster.__main__",
+    "gaudi_cluster.doctor",
+    "gaudi_cluster.master",
+    "gaudi_cluster.engines.nodewatch",
+    "gaudi_cluster.launch.fanout",
+    "gaudi_cluster.launch.node",
+    "gaudi_cluster.launch.prepare",
+    "gaudi_cluster.launch.restart",
+    "gaudi_cluster.nodes.cleanup",
+    "gaudi_cluster.nodes.handover",
+    "gaudi_cluster.nodes.reach",
+    "gaudi_cluster.nodes.survey",
+    "gaudi_cluster.supervise.supervisor",
+    "gaudi_cluster.view.fabric",
+    "gaudi_cluster.settings.reference",
+} | {name for name in module_files() if name.startswith("gaudi_cluster.job")}
+
+
+@pytest.mark.parametrize("name", sorted(SAYS_ITS_PROCESS))
+def test_a_module_says_which_process_it_runs_in(name):
+    doc = ast.get_docstring(ast.parse(module_files()[name].read_text())) or ""
+    assert doc.lower().startswith(PROCESSES), f"{name}: its docstring starts {doc[:60]!r}"
 
 
 def test_every_test_file_has_its_own_basename():

@@ -1,4 +1,5 @@
-"""A worker's life under Slurm: its sshd as a child, until the master releases the node (thin).
+"""Node (a worker under Slurm; `release_workers` runs on the master): its sshd as a child, until the
+master releases the node (thin).
 
     python -m gaudi_cluster.engines.nodewatch role
         the role `auto` resolves to here (engine.auto_role), printed as
@@ -29,11 +30,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from gaudi_cluster.engines import auto as engine
 from gaudi_cluster.errors import GaudiClusterError, error_line, exit_code_for
-from gaudi_cluster.nodes import slurm, srun, srun_steps, ssh
+from gaudi_cluster.nodes import slurm, srun, ssh
+from gaudi_cluster.nodes.reach import Reach, SrunReach, SshReach, failures
 from gaudi_cluster.rank import procgroup
 from gaudi_cluster.settings.config import ClusterConfig, resolve_config
 from gaudi_cluster.wire import node_spec
@@ -147,19 +150,29 @@ def release(config: ClusterConfig, key: str, exit_code: int | None) -> int:
     return 0
 
 
+@dataclass(frozen=True)
+class ReleaseSettings:
+    """What releasing the workers at the job's end reads of the settings."""
+
+    job_root: str
+    ssh_port: int
+    ssh_dir: str
+
+
 def release_workers(
-    config: ClusterConfig,
+    config: ReleaseSettings,
     environ: Mapping[str, str],
-    ssh_config: Path | None,
+    reach: Reach | None,
     exit_code: int | None,
     skip: set[str] | frozenset[str] = frozenset(),
 ) -> None:
     """Master side, in a Slurm step: tell the other nodes the job is over, so their tasks end.
 
-    Whatever the outcome, even before any node was probed. Nodes in `skip` (the master lost contact
-    with them: dead, or cut off) are not tried: their task ends with their node or once they find the
-    master gone, and waiting on their ssh (a name that no longer resolves can take the whole timeout)
-    would only hold the master's exit. Elsewhere (docker run, Kubernetes) nothing happens.
+    Whatever the outcome, even before any node was probed (`reach` None: the master makes its own).
+    Nodes in `skip` (the master lost contact with them: dead, or cut off) are not tried: their task
+    ends with their node or once they find the master gone, and waiting on their ssh (a name that no
+    longer resolves can take the whole timeout) would only hold the master's exit. Elsewhere (docker
+    run, Kubernetes) nothing happens.
     """
     key = slurm.run_key(environ)
     if key is None or not slurm.in_slurm_step(environ):
@@ -174,37 +187,32 @@ def release_workers(
         command = [sys.executable, "-m", "gaudi_cluster.engines.nodewatch", "release", "--key", key]
         if exit_code is not None:
             command += ["--exit-code", str(exit_code)]
-        step = srun.step_for(environ, shutil.which("srun"))
-        if step is not None:
-            _release_over_srun(step, hosts, command, exit_code)
+        reach = reach or workers_reach(config, environ, key)
+        signalled = exit_code is not None and exit_code >= 128
+        if signalled and isinstance(reach, SrunReach):
+            # Stopped by a signal (scancel, the time limit) the job is ending: Slurm refuses new steps
+            # then, and the workers end on the same SIGTERM, so none is tried.
             return
-        if ssh_config is None:
-            directory = Path(config.job_root) / f"release-{key}"
-            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            ssh_config = ssh.write_ssh_config(
-                directory, config.ssh_port, ssh.default_identity(Path(config.ssh_dir))
-            )
-        results = ssh.run_on_hosts(hosts, command, ssh_config, timeout_s=8, connect_timeout_s=2)
+        failed = failures(reach.run(hosts, command, timeout_s=8, label="gc-release"))
     except (GaudiClusterError, OSError) as error:
         log.warning("could not release the Slurm step's workers: %s", error)
         return
     # Stopped by a signal, the whole step is ending and a worker whose sshd got it too has gone
     # without needing the release: that is no news.
-    report = log.info if exit_code is not None and exit_code >= 128 else log.warning
-    for host, result in results.items():
-        if not result.ok:
-            report("could not release %s: %s", host, ssh.explain_ssh_failure(result, config.ssh_port))
+    report = log.info if signalled else log.warning
+    for host, why in failed.items():
+        report("could not release %s: %s", host, why)
 
 
-def _release_over_srun(
-    step: srun.SrunStep, hosts: Sequence[str], command: Sequence[str], code: int | None
-) -> None:
-    """One srun step on every worker. Stopped by a signal (scancel, the time limit) the job is ending:
-    Slurm refuses new steps then, and the workers end on the same SIGTERM, so none is tried."""
-    if code is not None and code >= 128:
-        return
-    for host, why in srun_steps.run_everywhere(step, hosts, command, "gc-release", timeout_s=30).items():
-        log.warning("could not release %s: %s", host, why)
+def workers_reach(config: ReleaseSettings, environ: Mapping[str, str], key: str) -> Reach:
+    """How to reach the workers when no survey made a Reach (the master stopped before it)."""
+    step = srun.step_for(environ, shutil.which("srun"))
+    if step is not None:
+        return SrunReach(step)
+    directory = Path(config.job_root) / f"release-{key}"
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    identity = ssh.default_identity(Path(config.ssh_dir))
+    return SshReach(ssh.write_ssh_config(directory, config.ssh_port, identity), config.ssh_port)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

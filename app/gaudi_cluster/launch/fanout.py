@@ -1,4 +1,4 @@
-"""The direct launcher's process on the master: `gaudi_cluster.launch.node` on every node, in parallel.
+"""Master: the direct launcher's process there, `gaudi_cluster.launch.node` on every node, in parallel.
 
 It reads the launch (JSON) from stdin: for each node, whether it is this machine (then the node
 process starts here, with no ssh at all) or another (then over ssh, riding the connection the

@@ -1,4 +1,4 @@
-"""The direct launcher's per-node process: starts this node's rank agents, waits for them.
+"""Node: the direct launcher's per-node process; starts this node's rank agents, waits for them.
 
 `python -m gaudi_cluster.launch.node` reads its node spec (JSON) from stdin, never from its command
 line; with --from-launch (a task of the master's srun step, launch/fanout) stdin is the whole launch

@@ -1,4 +1,4 @@
-"""The second phase of a job: from the node survey to files on disk and a launch plan.
+"""Master: the second phase of a job, from the node survey to files on disk and a launch plan.
 
 preflight checks (blocking ones stop here) -> hostfile -> .deepspeed_env -> LaunchPlan. In a dry run
 nothing is written; the same values are printed instead. What the probe stages on every node before
@@ -22,7 +22,6 @@ from gaudi_cluster.nodes import checks, ssh
 from gaudi_cluster.nodes.devices import resolve_accelerator
 from gaudi_cluster.nodes.hostfile import HostEntry, Hostfile, active_resources, make_hostfile, render_hostfile
 from gaudi_cluster.nodes.survey import NodeSurvey
-from gaudi_cluster.settings.config import ClusterConfig
 from gaudi_cluster.wire import protocol
 from gaudi_cluster.wire.private_payload import PrivatePayload
 
@@ -76,10 +75,6 @@ class PrepareSettings:
     control_port: int
     heartbeat_timeout: float
     job_root: str
-
-    @classmethod
-    def from_config(cls, config: ClusterConfig) -> PrepareSettings:
-        return cls(**{name: getattr(config, name) for name in cls.__dataclass_fields__})
 
 
 @dataclass(frozen=True)
@@ -185,8 +180,8 @@ def prepare(
     if survey.unreachable:
         details = "; ".join(f"{host}: {why}" for host, why in survey.unreachable.items())
         raise ClusterNotReady(
-            f"{len(survey.unreachable)} of {len(survey.hosts)} nodes failed the "
-            f"{'srun' if survey.srun else 'ssh'} probe: {details}"
+            f"{len(survey.unreachable)} of {len(survey.hosts)} nodes failed the probe "
+            f"({survey.reached_by()}): {details}"
         )
     if survey.srun is not None and settings.launcher != "direct":
         # Inside Slurm no node runs sshd (nodes/srun): pdsh, mpirun's ssh agent and ours need one.

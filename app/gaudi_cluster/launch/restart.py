@@ -1,4 +1,5 @@
-"""The nodes and the program of a restart, from the attempt that failed (the plan is launch/attempts)."""
+"""Master: the nodes and the program of a restart, from the attempt that failed (the plan is
+launch/attempts): a RestartPlan."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from gaudi_cluster.errors import ClusterNotReady
 from gaudi_cluster.launch import attempts
 from gaudi_cluster.nodes.find import FoundNodes
 from gaudi_cluster.nodes.survey import NodeSurvey
-from gaudi_cluster.settings.config import ClusterConfig
 
 
 @dataclass(frozen=True)
@@ -22,9 +22,17 @@ class RestartSettings:
     take_back: bool
     env: tuple[tuple[str, str], ...]
 
-    @classmethod
-    def from_config(cls, config: ClusterConfig) -> RestartSettings:
-        return cls(config.min_nodes, config.take_back, config.env)
+
+@dataclass(frozen=True)
+class RestartPlan:
+    """The next attempt: its plan by host and by node name, the nodes its survey uses as they are, its
+    program (the batch kept through accumulation), the lines that tell the console."""
+
+    planned: attempts.AttemptPlan
+    shown: attempts.AttemptPlan
+    nodes: FoundNodes
+    program: tuple[str, ...]
+    lines: tuple[str, ...]
 
 
 def next_attempt(
@@ -32,22 +40,19 @@ def next_attempt(
     survey: NodeSurvey,
     ranks_by_host: Mapping[str, int],
     excluded: tuple[str, ...],
-    lost: set[str],
+    lost: frozenset[str],
     program: Sequence[str],
-) -> tuple[attempts.AttemptPlan, attempts.AttemptPlan, FoundNodes, Sequence[str], list[str]]:
-    """(the plan, the same by node names, the nodes the next survey uses as they are, its program,
-    lines for the console).
-
-    Lost nodes are out, spares take their places, the batch is kept through accumulation where the
+) -> RestartPlan:
+    """Lost nodes are out, spares take their places, the batch is kept through accumulation where the
     program takes transformers' flags; ClusterNotReady when fewer than --min-nodes are left. `lost`:
     the names of the nodes lost (the failure's host, the supervisor's lost hosts)."""
     by_name = {survey.node_name(host): host for host in (*survey.hosts, *survey.spares)}
-    lost = {by_name.get(name, name) for name in lost}  # the ranks name their node as its probe did
+    lost_hosts = {by_name.get(name, name) for name in lost}  # the ranks name their node as its probe did
     previous = attempts.NodeSet(survey.hosts, survey.spares, excluded)
     slots = {**{host: r.slots for host, r in survey.spare_reports.items()}, **ranks_by_host}
     names = {host: name for name, host in by_name.items()}
     planned = attempts.plan_next(
-        previous, lost, settings.min_nodes, slots, program, names, settings.take_back
+        previous, lost_hosts, settings.min_nodes, slots, program, names, settings.take_back
     )
     nodes = planned.nodes
     shown = attempts.renamed(planned, names)
@@ -67,7 +72,8 @@ def next_attempt(
     spares = nodes.spares  # a spare that does not answer the next survey is left out there
     master_addr = survey.master_addr if survey.master_addr in nodes.active else nodes.active[0]
     asked = {host: survey.requested_slots.get(host) for host in (*nodes.active, *spares)}
-    return planned, shown, FoundNodes(nodes.active, master_addr, asked, tuple(spares)), program, lines
+    found = FoundNodes(nodes.active, master_addr, asked, tuple(spares))
+    return RestartPlan(planned, shown, found, tuple(program), tuple(lines))
 
 
 def zero_stage(program: Sequence[str]) -> int:

@@ -1,4 +1,4 @@
-"""A node that takes a lost node's place first gets the job's checkpoint, over the job's own ssh.
+"""Master: a node that takes a lost node's place first gets the job's checkpoint, over the job's own ssh.
 
 With node-local storage each node keeps its own copy; a spare has none, and without one the ranks
 would agree on no common checkpoint and start afresh. Before the launch, the master finds the newest
@@ -44,12 +44,9 @@ def deliver(survey: NodeSurvey, newcomers: Sequence[str], output_dir: str, job_r
 def complete_steps(survey: NodeSurvey, hosts: Sequence[str], output_dir: str) -> dict[str, set[int]]:
     """Each host's complete checkpoint steps (an unreachable host: none)."""
     command = ["sh", "-c", _LIST, "sh", output_dir, COMPLETE_MARKER]
-    assert survey.ssh_config is not None
-    results = ssh.run_on_hosts(hosts, command, survey.ssh_config, timeout_s=30)
-    return {
-        host: {int(word) for word in result.stdout.split() if word.isdigit()} if result.ok else set()
-        for host, result in results.items()
-    }
+    replies = survey.reach.run(hosts, command, timeout_s=30, label="gc-steps")
+    words = {host: " ".join(reply.lines).split() if reply.ok else [] for host, reply in replies.items()}
+    return {host: {int(word) for word in found if word.isdigit()} for host, found in words.items()}
 
 
 def common_step(steps: Mapping[str, set[int]]) -> int | None:
@@ -65,14 +62,15 @@ def send_checkpoint(survey: NodeSurvey, newcomers: Sequence[str], output_dir: st
     """Copy the agreed checkpoint to every newcomer that lacks it (at once); lines for the console.
     A copy that fails leaves nothing under a live name and stops the job (ClusterNotReady): started
     without it, the ranks would agree on no common checkpoint and set every saved one aside."""
-    if survey.srun is not None and newcomers:
+    if not newcomers:
+        return []
+    if survey.ssh_config is None:
         # Copying between two nodes is one ssh pipe; srun steps have no node-to-node stream.
         raise ClusterNotReady(
             f"{', '.join(newcomers)} take lost nodes' places and need their checkpoint copied, which "
-            "is done over ssh; fix: GAUDI_CLUSTER_SLURM_LAUNCH=ssh for a job with spares"
+            f"is done over ssh, and the nodes are reached {survey.reached_by()}; "
+            "fix: GAUDI_CLUSTER_SLURM_LAUNCH=ssh for a job with spares"
         )
-    if survey.ssh_config is None or not newcomers:
-        return []
     holders = [host for host in survey.hosts if host not in newcomers]
     steps = complete_steps(survey, [*holders, *newcomers], output_dir)
     step = common_step({host: steps[host] for host in holders})
@@ -96,7 +94,8 @@ def send_checkpoint(survey: NodeSurvey, newcomers: Sequence[str], output_dir: st
 
 
 def copy_one(survey: NodeSurvey, source: str, target: str, output_dir: str, step: int) -> tuple[bool, str]:
-    assert survey.ssh_config is not None
+    """One node's checkpoint piped to another through the master (ssh to both: no key on the nodes)."""
+    assert survey.ssh_config is not None  # send_checkpoint checked it
     name = f"checkpoint-{step}"
     incoming = str(Path(output_dir) / f"{INCOMING_PREFIX}{name}")
     live = str(Path(output_dir) / name)
@@ -119,7 +118,7 @@ def copy_one(survey: NodeSurvey, source: str, target: str, output_dir: str, step
         f"[ -f {marker} ] && rm -rf {shlex.quote(live)} && mv {shlex.quote(incoming)} {shlex.quote(live)}"
     )
     if sender.returncode == 0 and received.returncode == 0:
-        moved = ssh.run_on_hosts([target], ["sh", "-c", finish], survey.ssh_config, timeout_s=30)[target]
+        moved = survey.reach.run([target], ["sh", "-c", finish], timeout_s=30, label="gc-handover")[target]
         if moved.ok:
             log.info("%s copied from %s to %s", name, survey.node_name(source), survey.node_name(target))
             return (

@@ -1,11 +1,13 @@
-"""The first phase of a job: who the nodes are and what each reports, all under ONE deadline.
+"""Master: the first phase of a job: who the nodes are and what each reports, all under ONE deadline.
 
-discover the peers -> wait for every sshd -> probe every node in parallel over ssh -> NodeSurvey.
-A static list or DNS name gives the *other* nodes (this one leads); a hostfile, Slurm or the MPI
-Operator list *every* node, and the first one is the rendezvous address (as DeepSpeed does).
-A job whose only node is this one (no peer source, or a list naming only this node) runs locally:
-no sshd, no keys and no ssh at all, as optimum-habana's single-node runs do.
-The probe also stages the job's directory and private file on each node (from its stdin).
+discover the peers -> wait for every sshd -> probe every node in parallel -> NodeSurvey. A static list
+or DNS name gives the *other* nodes (this one leads); a hostfile, Slurm or the MPI Operator list
+*every* node, and the first one is the rendezvous address (as DeepSpeed does). A job whose only node
+is this one (no peer source, or a list naming only this node) runs locally: no sshd, no keys and no
+ssh at all, as optimum-habana's single-node runs do. The survey picks how the master reaches the
+nodes (nodes/reach: local, ssh, or srun steps inside a Slurm allocation) and holds that Reach for
+every later phase. The probe (`gaudi-cluster probe` on every node, the same command whatever reaches
+it) also stages the job's directory and private file on each node (from its stdin).
 """
 
 from __future__ import annotations
@@ -14,32 +16,41 @@ import logging
 import secrets
 import shutil
 import socket
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from gaudi_cluster.env import presets
 from gaudi_cluster.errors import ClusterNotReady
 from gaudi_cluster.nodes import checks, probe, srun, ssh, world
 from gaudi_cluster.nodes.devices import resolve_accelerator
 from gaudi_cluster.nodes.discovery import LOOPBACK
-from gaudi_cluster.nodes.find import FoundNodes, find_nodes, local_only
+from gaudi_cluster.nodes.find import FindSettings, FoundNodes, find_nodes, local_only
+from gaudi_cluster.nodes.reach import LocalReach, Reach, SrunReach, SshReach
 from gaudi_cluster.nodes.srun import SrunStep
-from gaudi_cluster.nodes.survey_probe import (
-    SurveySettings,
-    check_efa,
-    check_fabric,
-    probe_nodes,
-    probe_over_srun,
-)
 from gaudi_cluster.rank import jobdir
-from gaudi_cluster.wire.node_report import Interface, NodeReport, placeholder_reports
-from gaudi_cluster.wire.private_payload import PrivatePayload
+from gaudi_cluster.wire.node_report import Interface, NodeReport, placeholder_reports, report_from_last_line
+from gaudi_cluster.wire.private_payload import PayloadBundle, PrivatePayload
 
 log = logging.getLogger("gaudi_cluster.nodes.survey")
+
+
+@dataclass(frozen=True)
+class SurveySettings:
+    """What the survey reads of the cluster's settings, and nothing else."""
+
+    find: FindSettings
+    wait_timeout: float
+    ssh_port: int
+    ssh_dir: str
+    accelerator: str
+    env_preset: str
+    socket_ifname: str | None
+    job_root: str
+    dry_run: bool
 
 
 @dataclass(frozen=True)
@@ -48,7 +59,6 @@ class NodeSurvey:
 
     job_id: str
     job_dir: Path
-    ssh_config: Path | None  # None when nothing is reached over ssh (local run, dry run)
     master_addr: str  # where the ranks rendezvous (first node)
     local_addr: str  # where the control channel listens (the interface the ranks reach it on)
     socket_ifname: str | None
@@ -59,13 +69,23 @@ class NodeSurvey:
     unreachable: Mapping[str, str]
     local: bool = False  # the only node is this one: no ssh anywhere
     this_node: str | None = None  # the entry of `hosts` that is this machine, if it runs ranks
-    control_dir: Path | None = None  # the shared ssh connections' sockets (released by release())
     # HCCL_SOCKET_IFNAME for the HPU presets: given, or the interface routing to the master; None: HCCL's.
     hccl_socket_ifname: str | None = None
     output_dir: str | None = None  # where the job writes (each probe measured its free disk there)
     spares: tuple[str, ...] = ()  # idle nodes that answered their probe (--spares); no ranks
     spare_reports: Mapping[str, NodeReport] = field(default_factory=dict)
-    srun: SrunStep | None = None  # inside a Slurm allocation: every node is reached by srun steps
+    # How every phase after the survey runs a command on the nodes (a dry run reaches none).
+    reach: Reach = field(default_factory=LocalReach, repr=False)
+
+    @property
+    def ssh_config(self) -> Path | None:
+        """The job's ssh client config, for the launchers that start ranks over ssh (None: no ssh)."""
+        return self.reach.config if isinstance(self.reach, SshReach) else None
+
+    @property
+    def srun(self) -> SrunStep | None:
+        """The job's srun step, for the direct launcher's start under Slurm (None: not inside one)."""
+        return self.reach.step if isinstance(self.reach, SrunReach) else None
 
     @property
     def master_report(self) -> NodeReport | None:
@@ -88,9 +108,7 @@ class NodeSurvey:
 
     def reached_by(self) -> str:
         """How the master reaches the nodes: srun steps inside Slurm (nodes/srun), ssh, or not (local)."""
-        if self.srun is not None:
-            return f"by srun (Slurm job {self.srun.job_id})"
-        return "locally" if self.local else "over ssh"
+        return self.reach.how
 
     def node_name(self, host: str) -> str:
         """The host name a node's ranks report (its probe's), else the name the master reached it by."""
@@ -110,10 +128,8 @@ class NodeSurvey:
         )
 
     def release(self) -> None:
-        """Close the shared ssh connections of this survey and remove their sockets (idempotent)."""
-        if self.control_dir is not None and self.ssh_config is not None and self.control_dir.exists():
-            ssh.close_connections((*self.hosts, *self.spares), self.ssh_config)
-            shutil.rmtree(self.control_dir, ignore_errors=True)
+        """End what the survey's reach holds open (the shared ssh connections; idempotent)."""
+        self.reach.close()
 
 
 def new_job_id() -> str:
@@ -166,47 +182,52 @@ def survey_nodes(
         # Nothing is contacted and nothing is written: slots come from the peer list or the settings.
         reports = placeholder_reports(nodes.hosts, resolve_accelerator(config.accelerator, environ))
         job_dir = jobdir.job_dir(config.job_root, "dry-run")
-        return NodeSurvey(
-            job_id="dry-run",
-            job_dir=job_dir,
-            ssh_config=None,
-            paths=(),
-            reports=reports,
-            unreachable={},
-            **common,
-        )
+        return NodeSurvey("dry-run", job_dir, paths=(), reports=reports, unreachable={}, **common)
 
     job_id = new_job_id()
     if local:
         job_dir = jobdir.create(config.job_root, job_id)
         if private is not None:
             jobdir.write_private(job_dir, private(nodes.hosts[0]))
-        report = probe.probe(
-            paths,
-            config.accelerator,
-            None,
-            check_efa(config, environ),
-            output_dir,
-            check_fabric(config),
-        )
-        return NodeSurvey(
-            job_id=job_id,
-            job_dir=job_dir,
-            ssh_config=None,
-            paths=tuple(paths),
-            reports={nodes.hosts[0]: report},
-            unreachable={},
-            **common,
-        )
+        efa, fabric = check_efa(config, environ), check_fabric(config)
+        report = probe.probe(paths, config.accelerator, None, efa, output_dir, fabric)
+        reports, unreachable, spares, reach = {nodes.hosts[0]: report}, {}, (), LocalReach()
+    else:
+        reach, spares = reach_nodes(config, nodes, environ, deadline, job_id)
+        job_dir = jobdir.create(config.job_root, job_id)
+        command = probe_command(config, paths, environ, job_id, private is not None, output_dir)
+        reports, unreachable = probe_nodes(reach, (*nodes.hosts, *spares), command, private, deadline)
+        failed = [host for host in spares if host in unreachable]
+        if failed:
+            left_out = ", ".join(f"{h} ({unreachable[h]})" for h in failed)
+            log.warning("spare(s) %s: probe failed; left out", left_out)
+    spare_reports = {host: reports.pop(host) for host in spares if host in reports}
+    return NodeSurvey(
+        job_id,
+        job_dir,
+        paths=tuple(paths),
+        reports=reports,
+        unreachable={host: why for host, why in unreachable.items() if host in nodes.hosts},
+        spares=tuple(spare_reports),
+        spare_reports=spare_reports,
+        reach=reach,
+        **common,
+    )
 
+
+def reach_nodes(
+    config: SurveySettings, nodes: FoundNodes, environ: Mapping[str, str], deadline: float, job_id: str
+) -> tuple[Reach, tuple[str, ...]]:
+    """How the master reaches the nodes, and the spares it can reach: srun steps inside a Slurm
+    allocation (nodes/srun), else ssh once every sshd answers (a spare is not waited for)."""
     step = srun.step_for(environ, shutil.which("srun"))
     if step is not None:
         log.info("inside Slurm job %d: probe, launch and clean-up through srun, no ssh", step.job_id)
-        return _survey_over_srun(config, step, nodes, paths, environ, deadline, job_id, private, common)
+        return SrunReach(step), nodes.spares
     silent = ssh.wait_for_sshd(nodes.hosts, config.ssh_port, deadline)
     # A spare is not waited for: one that does not answer now is dropped, never delays the job.
     silent_spares = ssh.wait_for_sshd(nodes.spares, config.ssh_port, time.monotonic()) if nodes.spares else []
-    spares = [host for host in nodes.spares if host not in silent_spares]
+    spares = tuple(host for host in nodes.spares if host not in silent_spares)
     if silent_spares:
         log.warning("spare(s) %s: sshd did not answer; left out", ", ".join(silent_spares))
     if silent:
@@ -237,66 +258,71 @@ def survey_nodes(
     ssh_config = ssh.write_ssh_config(
         job_dir, config.ssh_port, identity, control_dir=control_dir, host_trust=host_trust
     )
-    everyone = (*nodes.hosts, *spares)
-    ssh.open_connections(everyone, ssh_config, max(5.0, deadline - time.monotonic()))
-    reports, unreachable = probe_nodes(
-        config, everyone, paths, ssh_config, environ, deadline, job_id, private, output_dir
-    )
-    failed = [host for host in spares if host in unreachable]
-    if failed:
-        log.warning(
-            "spare(s) %s: probe failed; left out", ", ".join(f"{h} ({unreachable[h]})" for h in failed)
-        )
-        ssh.close_connections(failed, ssh_config)
-    spare_reports = {host: reports.pop(host) for host in spares if host in reports}
-    return NodeSurvey(
-        job_id=job_id,
-        job_dir=job_dir,
-        ssh_config=ssh_config,
-        paths=tuple(paths),
-        reports=reports,
-        unreachable={host: why for host, why in unreachable.items() if host in nodes.hosts},
-        control_dir=control_dir,
-        spares=tuple(spare_reports),
-        spare_reports=spare_reports,
-        **common,
-    )
+    reach = SshReach(ssh_config, config.ssh_port, control_dir)
+    reach.open((*nodes.hosts, *spares), max(5.0, deadline - time.monotonic()))
+    return reach, spares
 
 
-def _survey_over_srun(
+def check_efa(config: SurveySettings, environ: Mapping[str, str]) -> bool:
+    return environ.get("HCCL_OVER_OFI") == "1" or config.env_preset == "efa"
+
+
+def check_fabric(config: SurveySettings) -> bool:
+    """Whether HPU nodes report their libfabric providers: `auto` picks efa only when it sees one."""
+    return config.accelerator in ("auto", "hpu") and config.env_preset in ("auto", "efa", "hostnic")
+
+
+def probe_command(
     config: SurveySettings,
-    step: SrunStep,
-    nodes: FoundNodes,
     paths: Sequence[str],
     environ: Mapping[str, str],
-    deadline: float,
     job_id: str,
+    staging: bool,
+    output_dir: str | None,
+) -> list[str]:
+    """`gaudi-cluster probe` as every node runs it; `staging`: its stdin carries the private payload."""
+    command = [sys.executable, "-m", "gaudi_cluster", "probe", "--json", "--accelerator", config.accelerator]
+    if staging:
+        command += ["--stage", job_id, "--job-root", config.job_root]
+    for path in paths:
+        command += ["--path", path]
+    if output_dir:
+        command += ["--output-dir", output_dir]
+    if check_efa(config, environ):
+        command.append("--check-efa")
+    if check_fabric(config):
+        command.append("--check-fabric")
+    return command
+
+
+def probe_nodes(
+    reach: Reach,
+    hosts: Sequence[str],
+    command: Sequence[str],
     private: Callable[[str], PrivatePayload] | None,
-    common: Mapping[str, Any],
-) -> NodeSurvey:
-    job_dir = jobdir.create(config.job_root, job_id)
-    everyone = (*nodes.hosts, *nodes.spares)
-    output_dir = common["output_dir"]
-    reports, unreachable = probe_over_srun(
-        config, step, everyone, paths, environ, deadline, job_id, private, output_dir
-    )
-    failed = [host for host in nodes.spares if host in unreachable]
-    if failed:
-        left_out = ", ".join(f"{h} ({unreachable[h]})" for h in failed)
-        log.warning("spare(s) %s: probe failed; left out", left_out)
-    spare_reports = {host: reports.pop(host) for host in nodes.spares if host in reports}
-    return NodeSurvey(
-        job_id=job_id,
-        job_dir=job_dir,
-        ssh_config=None,
-        paths=tuple(paths),
-        reports=reports,
-        unreachable={host: why for host, why in unreachable.items() if host in nodes.hosts},
-        spares=tuple(spare_reports),
-        spare_reports=spare_reports,
-        srun=step,
-        **common,
-    )
+    deadline: float,
+) -> tuple[dict[str, NodeReport], dict[str, str]]:
+    """The probe on every host at once: (reports by host, why-unreachable by host). `private`: each
+    node's payload, sent on its own stdin (or, where every node gets the same stdin, in one bundle
+    each takes its own entry from: `--srun-task`)."""
+    stdin_of = None
+    if private is not None and reach.shared_stdin:
+        bundle = PayloadBundle({host: private(host) for host in hosts}).to_json()
+        stdin_of = lambda _host: bundle  # noqa: E731
+    elif private is not None:
+        stdin_of = lambda host: private(host).to_json()  # noqa: E731
+    if reach.shared_stdin:
+        command = [*command, "--srun-task"]
+    replies = reach.run(hosts, command, stdin_of, max(10.0, deadline - time.monotonic()), "gc-probe")
+    reports: dict[str, NodeReport] = {}
+    unreachable: dict[str, str] = {}
+    for host, reply in replies.items():
+        report = report_from_last_line(reply.lines) if reply.ok and reply.lines else None
+        if isinstance(report, NodeReport):
+            reports[host] = report
+        else:
+            unreachable[host] = report or reply.why or "probe printed nothing"
+    return reports, unreachable
 
 
 def _hccl_socket_ifname(

@@ -1,4 +1,4 @@
-"""Run a LaunchPlan and watch every rank through the control channel until the job ends.
+"""Master: run a LaunchPlan and watch every rank through the control channel until the job ends.
 
 The first failure anywhere (non-zero exit, signal, closed connection, silent node, stuck rank,
 launcher error) stops THIS job's ranks on every node through their agents, and ends in one summary
@@ -54,8 +54,10 @@ class SupervisorPhase(enum.Enum):
         return cls(state.value)
 
 
-@dataclass
+@dataclass(frozen=True)
 class SupervisorSettings:
+    """What supervising an attempt reads of the cluster's settings, and nothing else."""
+
     start_timeout_s: float = 120.0
     stuck_timeout_s: float = 600.0
     stop_grace_s: float = 8.0

@@ -1,4 +1,4 @@
-"""The fabric check's figures, its verdict and its table. Pure: the ranks' report comes in as text.
+"""Master: the fabric check's figures, its verdict and its table. Pure: the ranks' report comes in as text.
 
 Bus bandwidth is nccl-tests' and hccl_demo's: algorithm bandwidth (bytes / time) x 2(n-1)/n. A slow node
 is found from the ring-neighbour pairs: each node's figure is its better pair (a healthy neighbour of a
@@ -47,8 +47,11 @@ class FabricResult:
     def ok(self) -> bool:
         return not self.problems
 
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> FabricResult:
