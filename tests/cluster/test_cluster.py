@@ -385,8 +385,9 @@ def test_mpirun_with_tree_spawn_trains_across_three_containers(make_cluster, clu
     (workers hold no client key); asked for tree spawn, a worker's daemon starts the next worker's over
     ssh with the same arguments, so the config is staged on every node. Radix 1 makes the tree a chain:
     master -> first worker -> second worker."""
-    keys = tmp_path / "keys-everywhere"  # make keys without its worker/ part: every node gets the key
-    shutil.copytree(cluster_keys, keys, ignore=shutil.ignore_patterns("worker"))
+    # Every node mounts make keys' master/ part: the client key, a host key certified for any name.
+    keys = tmp_path / "keys-everywhere"
+    shutil.copytree(cluster_keys / "master", keys)
     cluster = make_cluster(workers=2)
     cluster.key_dir = keys
     cluster.start_workers()
