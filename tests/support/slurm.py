@@ -76,11 +76,15 @@ class SlurmCluster:
             [*common, "-v", f"{ROOT / 'slurm'}:/opt/gaudi-cluster-slurm:ro"],
             "controller",
         )
-        for node in self.nodes:
+        for index, node in enumerate(self.nodes):
             output = self.output_dir(node)
             output.mkdir(parents=True)
             output.chmod(0o777)
-            mounts = ["-v", f"{self.keys}:{SSH_DIR}:ro", "-v", f"{output}:{OUTPUT_MOUNT}"]
+            # Each node mounts its part of make keys' directory, never the host CA: the first node (Slurm
+            # node 0, the master) master/, the others nodes/any/.
+            part = self.keys / ("master" if index == 0 else "nodes/any")
+            keys = part if part.is_dir() else self.keys
+            mounts = ["-v", f"{keys}:{SSH_DIR}:ro", "-v", f"{output}:{OUTPUT_MOUNT}"]
             self._run(node, [*common, "--shm-size", "1g", *mounts], "node")
         if not wait_until(self.all_idle, timeout=90, interval=0.3):
             pytest.fail(f"the Slurm cluster did not come up:\n{self.sinfo()}\n{self.all_logs()}")
