@@ -57,11 +57,13 @@ def host_argvs() -> list[str]:
     return argvs
 
 
-def test_readme_quickstart_runs_own_code_with_hf_token_reaching_rank_0(tmp_path):
+def test_readme_quickstart_runs_own_code_with_hf_token_reaching_rank_0(tmp_path, cluster_keys):
     # The block's paths are relative to the checkout: run it in a copy of the parts it names, so that
-    # build/ (output, cache, rank logs) is this test's own.
-    for name in ("scripts", "examples", ".keys"):
+    # build/ (output, cache, rank logs) is this test's own. The keys are make keys' output, made by the
+    # test: a fresh clone (CI) has no .keys until someone runs make keys.
+    for name in ("scripts", "examples"):
         (tmp_path / name).symlink_to(ROOT / name)
+    (tmp_path / ".keys").symlink_to(cluster_keys)
     subprocess.run(["docker", "rm", "-f", CONTAINER], capture_output=True, check=False)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GAUDI_CLUSTER_") and k != "HF_TOKEN"}
     job = subprocess.Popen(
