@@ -20,6 +20,7 @@ from gaudi_cluster.settings import command_line
 from gaudi_cluster.settings.config import resolve_config
 from gaudi_cluster.settings.flags import add_config_flags
 from gaudi_cluster.view.liveview import configure_logging
+from gaudi_cluster.wire.kinds import AUTO, Accelerator
 
 log = logging.getLogger("gaudi_cluster")
 
@@ -176,7 +177,7 @@ def _parsers() -> tuple[Parser, dict[str, argparse.ArgumentParser]]:
     probe.add_argument(
         "--accelerator",
         default="auto",
-        choices=("auto", "hpu", "cuda", "cpu"),
+        choices=(AUTO, *Accelerator),
         help="device kind; default auto",
     )
     probe.add_argument(

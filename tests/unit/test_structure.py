@@ -87,6 +87,7 @@ PURE = {
     "gaudi_cluster.wire.protocol",
     "gaudi_cluster.wire.messages",
     "gaudi_cluster.wire.fields",
+    "gaudi_cluster.wire.kinds",
     "gaudi_cluster.wire.host_name",
     "gaudi_cluster.wire.workload_events",
     "gaudi_cluster.rank.agent_beat",

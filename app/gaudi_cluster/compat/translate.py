@@ -26,6 +26,7 @@ from gaudi_cluster.errors import ConfigError
 from gaudi_cluster.launch.plan import LaunchOptions, mpi_binding
 from gaudi_cluster.nodes.hostfile import Hostfile, active_resources
 from gaudi_cluster.settings.config import ClusterConfig
+from gaudi_cluster.wire.kinds import LauncherName
 
 DEFAULT_MASTER_PORT = 29500
 
@@ -296,9 +297,11 @@ def config_for_spawn(request: SpawnRequest, base: ClusterConfig, dry_run: bool) 
     the only peer source, or this node alone with world_size slots."""
     # As optimum-habana: mpirun, DeepSpeed, torch.distributed.run for several cards, plain python for
     # one (here the direct launcher: one rank agent, no launcher in between).
-    launcher = "mpirun" if request.use_mpi else "deepspeed" if request.use_deepspeed else "torchrun"
-    if launcher in ("torchrun", "mpirun") and request.world_size == 1 and request.hostfile is None:
-        launcher = "direct"  # optimum-habana's single card: one plain process, no mpirun
+    launcher = LauncherName.MPIRUN if request.use_mpi else LauncherName.TORCHRUN
+    if request.use_deepspeed:
+        launcher = LauncherName.DEEPSPEED
+    elif request.world_size == 1 and request.hostfile is None:
+        launcher = LauncherName.DIRECT  # optimum-habana's single card: one plain process, no mpirun
     config = replace(
         base,
         launcher=launcher,

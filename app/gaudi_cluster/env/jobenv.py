@@ -32,6 +32,7 @@ from gaudi_cluster.env.envfile import (
 )
 from gaudi_cluster.env.presets import PRESETS
 from gaudi_cluster.errors import ConfigError
+from gaudi_cluster.wire.kinds import AUTO, Accelerator, EnvPreset
 from gaudi_cluster.wire.node_report import NodeReport
 
 DEFAULT_ENV_FILE_NAME = ".deepspeed_env"
@@ -42,21 +43,21 @@ def choose_preset(preset: str, accelerator: str, master_report: NodeReport | Non
     DL1) shows up as uverbs devices plus libfabric's efa provider; other HPU nodes scale out over their
     Gaudi NICs. Host NICs (hostnic) are never guessed: they need a verbs-capable libfabric, so are asked
     for."""
-    if preset != "auto":
+    if preset != AUTO:
         return preset, "asked for (--env-preset)"
-    if accelerator == "cpu":
-        return "cpu", "auto: cpu ranks"
-    if accelerator != "hpu":
-        return "none", f"auto: {accelerator} ranks"
+    if accelerator == Accelerator.CPU:
+        return EnvPreset.CPU, "auto: cpu ranks"
+    if accelerator != Accelerator.HPU:
+        return EnvPreset.NONE, f"auto: {accelerator} ranks"
     uverbs = master_report.uverbs_devices if master_report else ()
     efa = master_report.efa_provider if master_report else None
     if uverbs and efa:
-        return "efa", "auto: EFA uverbs devices and libfabric's efa provider on the master"
+        return EnvPreset.EFA, "auto: EFA uverbs devices and libfabric's efa provider on the master"
     if not uverbs:
-        return "gaudinic", "auto: no /dev/infiniband/uverbs* on the master, so no EFA"
+        return EnvPreset.GAUDINIC, "auto: no /dev/infiniband/uverbs* on the master, so no EFA"
     if efa is None:
-        return "gaudinic", "auto: the master's probe has no fi_info to look for EFA"
-    return "gaudinic", "auto: uverbs devices but libfabric has no efa provider on the master"
+        return EnvPreset.GAUDINIC, "auto: the master's probe has no fi_info to look for EFA"
+    return EnvPreset.GAUDINIC, "auto: uverbs devices but libfabric has no efa provider on the master"
 
 
 def check_gaudi_direct(values: Mapping[str, str], origin: Callable[[str], str]) -> None:
@@ -75,7 +76,7 @@ def check_gaudi_direct(values: Mapping[str, str], origin: Callable[[str], str]) 
 
 def collective_timeouts(accelerator: str) -> dict[str, str]:
     """Collective timeouts per backend: gloo on CPU fails fast; HCCL graph compiles take longer."""
-    minutes = "5" if accelerator == "cpu" else "30"
+    minutes = "5" if accelerator == Accelerator.CPU else "30"
     return {"DEEPSPEED_TIMEOUT": minutes, "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 
+from gaudi_cluster.wire.kinds import EnvPreset
 from gaudi_cluster.wire.node_report import HABANA_DRIVER, Interface
 
 OFI_WRAPPER_DIR = "/usr/lib/habanalabs"
@@ -112,12 +113,12 @@ def preset_none(environ: Mapping[str, str], socket_ifname: str | None) -> dict[s
     return {}
 
 
-PRESETS: dict[str, Callable[[Mapping[str, str], str | None], dict[str, str]]] = {
-    "efa": preset_efa,
-    "gaudinic": preset_gaudinic,
-    "hostnic": preset_hostnic,
-    "cpu": preset_cpu,
-    "none": preset_none,
+PRESETS: dict[EnvPreset, Callable[[Mapping[str, str], str | None], dict[str, str]]] = {
+    EnvPreset.EFA: preset_efa,
+    EnvPreset.GAUDINIC: preset_gaudinic,
+    EnvPreset.HOSTNIC: preset_hostnic,
+    EnvPreset.CPU: preset_cpu,
+    EnvPreset.NONE: preset_none,
 }
 
 

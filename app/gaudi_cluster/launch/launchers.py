@@ -28,6 +28,7 @@ from gaudi_cluster.launch.plan import (
 )
 from gaudi_cluster.nodes.hostfile import Hostfile, render_mpi_hosts
 from gaudi_cluster.settings import profiles
+from gaudi_cluster.wire.kinds import LauncherName
 from gaudi_cluster.wire.node_spec import AGENT_MODULE, FANOUT_MODULE, FanoutSpec, NodeEntry, NodeSpec
 
 _OTHERWISE = "or choose another launcher"
@@ -91,7 +92,7 @@ def deepspeed_plan(
         argv = [python, "-m", "deepspeed.launcher.runner", "--hostfile", hostfile_path]
         argv += ["--master_addr", master_addr, "--master_port", str(master_port), "--no_ssh_check"]
         argv += ["--no_local_rank", *runner_args, "--module", AGENT_MODULE, *agent.args(program)]
-        return LaunchPlan(tuple(argv), {}, "deepspeed")
+        return LaunchPlan(tuple(argv), {}, LauncherName.DEEPSPEED)
     if not os.path.isabs(env_file_path):
         raise ConfigError(
             f"env file path '{env_file_path}' is relative (DeepSpeed would look for it under ~ and the cwd); "
@@ -123,7 +124,7 @@ def deepspeed_plan(
     if ssh_config_path:
         # pdsh splits this variable on whitespace, so the path must not contain any.
         env["PDSH_SSH_ARGS_APPEND"] = f"-F {no_space(ssh_config_path, 'ssh config path')}"
-    return LaunchPlan(tuple(argv), env, "deepspeed")
+    return LaunchPlan(tuple(argv), env, LauncherName.DEEPSPEED)
 
 
 def mpirun_plan(
@@ -170,7 +171,7 @@ def mpirun_plan(
         argv += ["-x", f"{name}={exported[name]}"]
     argv += ["-x", f"MASTER_ADDR={master_addr}", "-x", f"MASTER_PORT={master_port}"]
     argv += rank_command(agent, program, python)
-    return LaunchPlan(tuple(argv), {}, "mpirun")
+    return LaunchPlan(tuple(argv), {}, LauncherName.MPIRUN)
 
 
 def torchrun_plan(
@@ -204,11 +205,11 @@ def torchrun_plan(
         AGENT_MODULE,
         *agent.args(program),
     ]
-    return LaunchPlan(tuple(argv), {}, "torchrun")
+    return LaunchPlan(tuple(argv), {}, LauncherName.TORCHRUN)
 
 
 class DeepSpeedLauncher:
-    name = "deepspeed"
+    name = LauncherName.DEEPSPEED
 
     def requires(self, inputs: PlanInputs) -> tuple[Requirement, ...]:
         # The runner's one-node path starts launch.py itself: no pdsh.
@@ -238,7 +239,7 @@ def _runner_args(inputs: PlanInputs) -> list[str]:
 
 
 class MpirunLauncher:
-    name = "mpirun"
+    name = LauncherName.MPIRUN
 
     def requires(self, inputs: PlanInputs) -> tuple[Requirement, ...]:
         return (MPIRUN, OPENMPI)  # a local run too: mpirun starts the ranks here
@@ -266,7 +267,7 @@ class MpirunLauncher:
 
 
 class TorchrunLauncher:
-    name = "torchrun"
+    name = LauncherName.TORCHRUN
 
     def requires(self, inputs: PlanInputs) -> tuple[Requirement, ...]:
         return (_python(inputs), TORCH)
@@ -293,7 +294,7 @@ class DirectLauncher:
     step inside Slurm), each starting its rank agents with the environment DeepSpeed's launch.py would
     give them. Nothing on the way imports torch, as DeepSpeed's runner and launch.py each do."""
 
-    name = "direct"
+    name = LauncherName.DIRECT
 
     def requires(self, inputs: PlanInputs) -> tuple[Requirement, ...]:
         if inputs.srun:
@@ -334,7 +335,7 @@ class DirectLauncher:
         return LaunchPlan(argv, {}, self.name, stdin=launch.to_json())
 
 
-LAUNCHERS: Mapping[str, type[Launcher]] = {
+LAUNCHERS: Mapping[LauncherName, type[Launcher]] = {
     cls.name: cls for cls in (DirectLauncher, DeepSpeedLauncher, MpirunLauncher, TorchrunLauncher)
 }
 

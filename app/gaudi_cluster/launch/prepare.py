@@ -23,6 +23,7 @@ from gaudi_cluster.nodes.devices import resolve_accelerator
 from gaudi_cluster.nodes.hostfile import HostEntry, Hostfile, active_resources, make_hostfile, render_hostfile
 from gaudi_cluster.nodes.survey import NodeSurvey
 from gaudi_cluster.wire import protocol
+from gaudi_cluster.wire.kinds import Accelerator, LauncherName
 from gaudi_cluster.wire.private_payload import PrivatePayload
 
 log = logging.getLogger("gaudi_cluster.launch.prepare")
@@ -128,7 +129,7 @@ def job_env_for(
         master_report=survey.master_report,
         environ=environ,
         # HCCL's socket interface is never the seed's first-interface guess (see presets).
-        socket_ifname=survey.hccl_socket_ifname if accelerator == "hpu" else survey.socket_ifname,
+        socket_ifname=survey.hccl_socket_ifname if accelerator == Accelerator.HPU else survey.socket_ifname,
         extra=dict(settings.env),
         user_files=staged.user_files,
         env_pass=settings.env_pass,
@@ -143,7 +144,7 @@ def hostfile_for(cpu_slots: int | None, survey: NodeSurvey) -> Hostfile:
         report = survey.reports[host]
         slots = (
             survey.requested_slots.get(host)
-            or (cpu_slots if report.accelerator == "cpu" else None)
+            or (cpu_slots if report.accelerator == Accelerator.CPU else None)
             or report.slots
         )
         entries.append(HostEntry(host, int(slots or 1)))
@@ -183,7 +184,7 @@ def prepare(
             f"{len(survey.unreachable)} of {len(survey.hosts)} nodes failed the probe "
             f"({survey.reached_by()}): {details}"
         )
-    if survey.srun is not None and settings.launcher != "direct":
+    if survey.srun is not None and settings.launcher != LauncherName.DIRECT:
         # Inside Slurm no node runs sshd (nodes/srun): pdsh, mpirun's ssh agent and ours need one.
         raise ConfigError(
             f"launcher {settings.launcher} starts ranks over ssh, and inside Slurm the nodes run no sshd; "
@@ -196,7 +197,7 @@ def prepare(
     _check_or_stop(settings, survey, env_file)
     hostfile = hostfile_for(settings.slots, survey)
     active = active_resources(hostfile, options.include, options.exclude)
-    if accelerator == "cpu":
+    if accelerator == Accelerator.CPU:
         threads = cpu_threads.cpu_threads_per_rank({h: len(s) for h, s in active.items()}, survey.reports)
         threaded = cpu_threads.with_cpu_threads(env_file, threads)
         if threads is not None and threaded is not env_file:
@@ -217,9 +218,9 @@ def prepare(
         env_path.chmod(0o600)
     launcher = launchers.launcher_named(settings.launcher)
     # DeepSpeed's runner applies --include/--exclude itself; every other launcher gets the selection.
-    selects = settings.launcher != "deepspeed" and bool(options.include or options.exclude)
+    selects = settings.launcher != LauncherName.DEEPSPEED and bool(options.include or options.exclude)
     launch_hostfile = selected_hostfile(active) if selects else hostfile
-    mpirun_major = tools.openmpi_major() if settings.launcher == "mpirun" else 4
+    mpirun_major = tools.openmpi_major() if settings.launcher == LauncherName.MPIRUN else 4
     inputs = plan.PlanInputs(
         hostfile=launch_hostfile,
         hostfile_path=str(hostfile_path),

@@ -6,6 +6,8 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from gaudi_cluster.wire.kinds import Accelerator
+
 APP_DIR = Path(__file__).resolve().parents[2]
 DEFAULT_SCRIPT = APP_DIR / "train" / "run_clm.py"
 DEFAULT_OUTPUT = "/workspace/output"
@@ -17,9 +19,9 @@ def default_program(python: str, accelerator: str, environ: Mapping[str, str]) -
 
     output_dir = environ.get("GAUDI_CLUSTER_OUTPUT_DIR") or DEFAULT_OUTPUT
     args = [output_dir if arg == DEFAULT_OUTPUT_DIR else arg for arg in DEFAULT_JOB_ARGS]
-    if accelerator != "cpu":
+    if accelerator != Accelerator.CPU:
         args = ["ds_zero1_bf16" if arg == "ds_cpu" else arg for arg in args]
-    if accelerator == "hpu":
+    if accelerator == Accelerator.HPU:
         args += ["--use_habana", "--use_lazy_mode", "--gaudi_config_name", "Habana/gpt2"]
     return [python, "-u", str(DEFAULT_SCRIPT), *args]
 

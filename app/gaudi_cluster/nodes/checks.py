@@ -13,6 +13,7 @@ from typing import Any
 
 from gaudi_cluster.env import presets
 from gaudi_cluster.nodes.image_checks import Finding, driver_findings, profile_path_findings
+from gaudi_cluster.wire.kinds import Accelerator
 from gaudi_cluster.wire.node_report import HABANA_DRIVER, NodeReport
 
 __all__ = ["Finding", "blocking", "check_nodes", "render_json", "render_table"]
@@ -60,7 +61,7 @@ def _node_findings(
 ) -> list[Finding]:
     found: list[Finding] = []
     detected, kind = report.slots, report.accelerator
-    if requested is not None and kind != "cpu" and requested > detected:
+    if requested is not None and kind != Accelerator.CPU and requested > detected:
         found.append(
             Finding(
                 host,
@@ -70,7 +71,7 @@ def _node_findings(
                 "lower slots for this host or check HABANA_VISIBLE_MODULES / the device runtime",
             )
         )
-    elif detected == 0 and kind != "cpu":
+    elif detected == 0 and kind != Accelerator.CPU:
         found.append(
             Finding(
                 host,
@@ -99,7 +100,7 @@ def _node_findings(
         else:
             found.append(Finding(host, "interface", True, f"{socket_ifname} {addresses[socket_ifname][0]}"))
     found += _hccl_interface_findings(host, report, env.get("HCCL_SOCKET_IFNAME"), socket_ifname)
-    if kind == "hpu":
+    if kind == Accelerator.HPU:
         found += driver_findings(host, report)
     found += profile_path_findings(host, report)
     if env.get("HCCL_OVER_OFI") == "1":

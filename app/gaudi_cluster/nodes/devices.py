@@ -18,9 +18,10 @@ from collections.abc import Callable, Mapping, Sequence
 
 from gaudi_cluster.errors import ConfigError
 from gaudi_cluster.nodes import slurm
+from gaudi_cluster.wire.kinds import Accelerator
 from gaudi_cluster.wire.node_report import HABANA_DRIVER, NodeReport
 
-ACCELERATORS = ("hpu", "cuda", "cpu")
+ACCELERATORS = tuple(Accelerator)
 ACCEL_DIR = "/dev/accel"
 # accel_controlD* are the control nodes of the same cards; counting them would double the slots.
 _ACCEL_RE = re.compile(r"accel[0-9]+")
@@ -159,7 +160,7 @@ def detect_slots(
     run: Runner = default_run,
     driver_of: DriverOf | None = None,
 ) -> int:
-    if accelerator == "hpu":
+    if accelerator == Accelerator.HPU:
         visible = env.get("HABANA_VISIBLE_MODULES", "").strip()
         if visible:
             return len(parse_habana_visible_modules(visible))
@@ -170,11 +171,11 @@ def detect_slots(
         if given:
             return given
         return len(habana_nodes(list_dir, driver_of or sysfs_driver(sysfs_root(env)))) or _hl_smi_count(run)
-    if accelerator == "cuda":
+    if accelerator == Accelerator.CUDA:
         if "CUDA_VISIBLE_DEVICES" in env:
             return cuda_visible_count(env["CUDA_VISIBLE_DEVICES"])
         return _nvidia_smi_count(run)
-    if accelerator == "cpu":
+    if accelerator == Accelerator.CPU:
         if cpu_slots is None:
             return 1
         if isinstance(cpu_slots, bool) or cpu_slots < 1:
@@ -200,10 +201,10 @@ def detect_accelerator(
             )
         return value
     if habana_nodes(list_dir, driver_of or sysfs_driver(sysfs_root(env))) or _hl_smi_count(run) > 0:
-        return "hpu"
+        return Accelerator.HPU
     if _nvidia_smi_count(run) > 0:
-        return "cuda"
-    return "cpu"
+        return Accelerator.CUDA
+    return Accelerator.CPU
 
 
 def resolve_accelerator(
@@ -218,4 +219,4 @@ def resolve_accelerator(
         return requested
     if master_report is not None:
         return master_report.accelerator
-    return environ.get("DS_ACCELERATOR") or "cpu"
+    return environ.get("DS_ACCELERATOR") or Accelerator.CPU

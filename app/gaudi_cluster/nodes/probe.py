@@ -23,6 +23,7 @@ from gaudi_cluster.errors import ConfigError
 from gaudi_cluster.nodes import devices, srun
 from gaudi_cluster.rank import jobdir
 from gaudi_cluster.settings import profiles
+from gaudi_cluster.wire.kinds import AUTO, Accelerator
 from gaudi_cluster.wire.node_report import Interface, NodeReport
 from gaudi_cluster.wire.private_payload import PayloadBundle, PrivatePayload, PrivatePayloadError
 
@@ -222,9 +223,9 @@ def probe(
     profile = node_profile(profile_name)
     environ = fabric_environ(os.environ, profile)
     driver_of = devices.sysfs_driver(devices.sysfs_root(environ))
-    kind = devices.detect_accelerator(environ, driver_of=driver_of) if accelerator == "auto" else accelerator
+    kind = devices.detect_accelerator(environ, driver_of=driver_of) if accelerator == AUTO else accelerator
     wanted = ["efa"] if check_efa else []
-    if check_fabric and kind == "hpu":
+    if check_fabric and kind == Accelerator.HPU:
         wanted = ["efa", "verbs"]
     return NodeReport(
         hostname=socket.gethostname(),
@@ -243,9 +244,9 @@ def probe(
         profile=profile_name,
         cpus=usable_cpus(),
         boot_id=boot_id(),
-        driver_version=devices.driver_version(devices.default_run) if kind == "hpu" else None,
+        driver_version=devices.driver_version(devices.default_run) if kind == Accelerator.HPU else None,
         fi_providers=fi_providers(wanted, environ) if wanted else {},
-        device_name=device_name() if kind == "hpu" else None,
+        device_name=device_name() if kind == Accelerator.HPU else None,
         profile_paths=profile_paths(profile),
         openmpi_version=openmpi_version(profile, environ) if profile else None,
     )

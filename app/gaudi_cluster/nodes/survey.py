@@ -32,6 +32,7 @@ from gaudi_cluster.nodes.find import FindSettings, FoundNodes, find_nodes, local
 from gaudi_cluster.nodes.reach import LocalReach, Reach, SrunReach, SshReach
 from gaudi_cluster.nodes.srun import SrunStep
 from gaudi_cluster.rank import jobdir
+from gaudi_cluster.wire.kinds import AUTO, Accelerator, EnvPreset
 from gaudi_cluster.wire.node_report import Interface, NodeReport, placeholder_reports, report_from_last_line
 from gaudi_cluster.wire.private_payload import PayloadBundle, PrivatePayload
 
@@ -264,12 +265,13 @@ def reach_nodes(
 
 
 def check_efa(config: SurveySettings, environ: Mapping[str, str]) -> bool:
-    return environ.get("HCCL_OVER_OFI") == "1" or config.env_preset == "efa"
+    return environ.get("HCCL_OVER_OFI") == "1" or config.env_preset == EnvPreset.EFA
 
 
 def check_fabric(config: SurveySettings) -> bool:
     """Whether HPU nodes report their libfabric providers: `auto` picks efa only when it sees one."""
-    return config.accelerator in ("auto", "hpu") and config.env_preset in ("auto", "efa", "hostnic")
+    fabric_presets = (AUTO, EnvPreset.EFA, EnvPreset.HOSTNIC)
+    return config.accelerator in (AUTO, Accelerator.HPU) and config.env_preset in fabric_presets
 
 
 def probe_command(
@@ -329,7 +331,7 @@ def _hccl_socket_ifname(
     config: SurveySettings, master_addr: str, local_interfaces: Sequence[Interface], local: bool
 ) -> str | None:
     """Given, else (across nodes, on HPU) the interface that routes to the master, never a Gaudi NIC."""
-    if config.socket_ifname or local or config.accelerator not in ("auto", "hpu"):
+    if config.socket_ifname or local or config.accelerator not in (AUTO, Accelerator.HPU):
         return config.socket_ifname
     route = probe.route_ifname(master_addr, local_interfaces)
     return presets.hccl_socket_ifname(route, local_interfaces)

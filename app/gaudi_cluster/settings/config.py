@@ -31,6 +31,7 @@ from gaudi_cluster.settings.setting_types import (
     text,
     variable_names,
 )
+from gaudi_cluster.wire.kinds import AUTO, Accelerator, EnvPreset, LauncherName
 
 ENV_PREFIX = "GAUDI_CLUSTER_"
 DEFAULT_JOB_ROOT = "/run/gaudi-cluster/jobs"
@@ -80,12 +81,12 @@ class ClusterConfig:
         "/run/secrets/gaudi-cluster", text, "directory holding the cluster key id_ed25519", "/keys"
     )
     accelerator: str = setting(
-        "auto", choice("auto", "hpu", "cuda", "cpu"), "device kind (auto: what the master has)", "hpu"
+        AUTO, choice(AUTO, *Accelerator), "device kind (auto: what the master has)", "hpu"
     )
     slots: int | None = setting(None, slot_count, "ranks per node (default: devices detected; 1 on cpu)", "2")
     launcher: str = setting(
-        "direct",
-        choice("direct", "deepspeed", "mpirun", "torchrun"),
+        LauncherName.DIRECT,
+        choice(*LauncherName),
         "how the ranks are started: direct (ours: the same rank environment as DeepSpeed's launcher, "
         "without its torch imports), deepspeed (DeepSpeed's runner over pdsh, the seed's path), "
         "mpirun, torchrun (one node)",
@@ -96,9 +97,7 @@ class ClusterConfig:
     )
     master_port: int = setting(29500, port, "torch.distributed rendezvous port", "29600")
     control_port: int = setting(29400, port, "port of the master's job control channel", "29401")
-    env_preset: str = setting(
-        "auto", choice("auto", "efa", "gaudinic", "hostnic", "cpu", "none"), ".deepspeed_env preset", "efa"
-    )
+    env_preset: str = setting(AUTO, choice(AUTO, *EnvPreset), ".deepspeed_env preset", "efa")
     env: tuple[tuple[str, str], ...] = setting(
         (),
         assignments,
