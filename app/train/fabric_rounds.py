@@ -1,6 +1,6 @@
 """The fabric check's plan and verdicts that need no torch: the ring's rounds, a failed call's kind, a pair
 merged from its two sides' answers, and whether the pairs so far already name a node (the rounds left
-would tell no more). Pure; train/allreduce_check.py runs them.
+would tell no more). Pure; train/fabric_check.py runs them.
 """
 
 from __future__ import annotations

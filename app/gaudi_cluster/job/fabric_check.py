@@ -1,5 +1,5 @@
 """Master: the fabric check, run: ranks started on every node the way the job's are (the same survey,
-preparation, launcher, environment and preset: job/attempt), running train/allreduce_check.py; its
+preparation, launcher, environment and preset: job/attempt), running train/fabric_check.py; its
 figures and verdict are view/fabric's (a FabricResult).
 
 `gaudi-cluster doctor --fabric-check` prints them; `master --fabric-check` runs it before the job and stops
@@ -26,7 +26,7 @@ from gaudi_cluster.view.fabric import FabricResult, render_table
 __all__ = ["FabricResult", "render_table", "run_check", "stop_line"]
 
 log = logging.getLogger("gaudi_cluster.fabric")
-PROGRAM_MODULE = "train.allreduce_check"
+PROGRAM_MODULE = "train.fabric_check"
 SIZES = (4096, 1 << 20, 8 << 20)  # latency, a middle size, a bandwidth-bound size (bytes)
 
 

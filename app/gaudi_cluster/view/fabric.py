@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-MARK = "GC_FABRIC "  # the rank program's line prefix (train/allreduce_check.py prints it)
+MARK = "GC_FABRIC "  # the rank program's line prefix (train/fabric_check.py prints it)
 SLOW_RATIO = 0.5  # a node below half the median pair bandwidth is slow
 
 

@@ -34,7 +34,7 @@ _ABANDONED: list[Any] = []  # groups left mid-transfer at a deadline: destroying
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="allreduce_check")
+    p = argparse.ArgumentParser(prog="fabric_check")
     p.add_argument("--sizes", default="4096,1048576,8388608", help="message sizes in bytes, comma-separated")
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--timeout", type=float, default=30.0, help="seconds each test may take")
