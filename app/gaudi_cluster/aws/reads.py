@@ -5,6 +5,7 @@ every resource that carries the cluster's tag. Creates nothing.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from gaudi_cluster.aws.calls import (
@@ -34,6 +35,15 @@ from gaudi_cluster.errors import ClusterNotReady, ConfigError
 
 # The "Running On-Demand DL instances" quota counts the vCPUs of every DL instance (dl1, dl2q) running.
 QUOTA_FAMILY_PREFIX = "dl"
+
+
+@dataclass(frozen=True)
+class Network:
+    """Where the nodes go: the VPC, its subnet and that subnet's availability zone."""
+
+    vpc_id: str
+    subnet_id: str
+    az: str
 
 
 class Reads(CloudBase):
@@ -84,8 +94,8 @@ class Reads(CloudBase):
         )
         return sorted({str(o["Location"]) for o in offerings})
 
-    def network(self, request: Request, az: str | None, offered: Sequence[str]) -> tuple[str, str, str]:
-        """(vpc id, subnet id, az): the given subnet, else the default VPC's default subnet in `az`."""
+    def network(self, request: Request, az: str | None, offered: Sequence[str]) -> Network:
+        """The given subnet, else the default VPC's default subnet in `az`."""
         if request.subnet_id is not None:
             subnets = self._pages(
                 self.ec2,
@@ -109,7 +119,7 @@ class Reads(CloudBase):
                 raise ConfigError(
                     f"--subnet-id {request.subnet_id} is in {zone}, not --az {request.az}; fix: --az {zone}"
                 )
-            return str(subnet["VpcId"]), request.subnet_id, zone
+            return Network(str(subnet["VpcId"]), request.subnet_id, zone)
         assert az is not None
         vpcs = self._pages(
             self.ec2, "describe_vpcs", "Vpcs", Filters=[{"Name": "is-default", "Values": ["true"]}]
@@ -133,7 +143,7 @@ class Reads(CloudBase):
             raise ConfigError(
                 f"the default VPC {vpc_id} has no subnet in {az}; fix: --subnet-id subnet-… (one in {az})"
             )
-        return vpc_id, str(subnets[0]["SubnetId"]), az
+        return Network(vpc_id, str(subnets[0]["SubnetId"]), az)
 
     def resolve_ami(self, request: Request) -> Ami:
         if request.ami is not None:

@@ -75,11 +75,11 @@ def resolve(cloud: Cloud, request: Request) -> Resolved:
     gaudi = specs.gaudi_type(type_facts, request.region)
     offered = cloud.offered_zones(request.instance_type)
     az = specs.choose_az(request.instance_type, request.region, request.az, offered)
-    vpc_id, subnet_id, az = cloud.network(request, az, offered)
+    network = cloud.network(request, az, offered)
     ami = cloud.resolve_ami(request)
     if request.key_name is not None:
         cloud.check_key_pair(request.key_name)
-    spec = ClusterSpec(request, gaudi, az, vpc_id, subnet_id, ami)
+    spec = ClusterSpec(request, gaudi, network.az, network.vpc_id, network.subnet_id, ami)
     existing = cloud.existing(request.cluster_id)
     changes = diffs.diff(spec, existing)
     quota = cloud.quota(gaudi, len(changes.launch))
