@@ -62,7 +62,9 @@ class RankAgent:
         self.connect_timeout_s = connect_timeout_s
         self.host = socket.gethostname()
         self.env = dict(os.environ)
-        self.rank, self.local_rank, self.world, self.local_world = rank_identity(self.env)
+        identity = rank_identity(self.env)
+        self.rank, self.local_rank = identity.rank, identity.local_rank
+        self.world, self.local_world = identity.world, identity.local_world
         # Programs launched by mpirun read the torch names, as under deepspeed and torchrun.
         self.env.update(
             RANK=str(self.rank),

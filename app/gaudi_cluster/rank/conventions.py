@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 
 def with_local_rank(program: Sequence[str], local_rank: int) -> list[str]:
@@ -32,8 +33,16 @@ def output_dir_in(program: Sequence[str]) -> str | None:
     return None
 
 
-def rank_identity(environ: Mapping[str, str]) -> tuple[int, int, int, int]:
-    """(rank, local_rank, world_size, local_world_size) from torch/deepspeed or OpenMPI variables."""
+@dataclass(frozen=True)
+class RankIdentity:
+    rank: int
+    local_rank: int
+    world: int
+    local_world: int
+
+
+def rank_identity(environ: Mapping[str, str]) -> RankIdentity:
+    """The rank's place in the job from torch/deepspeed or OpenMPI variables."""
 
     def first(*names: str, default: int) -> int:
         for name in names:
@@ -45,4 +54,4 @@ def rank_identity(environ: Mapping[str, str]) -> tuple[int, int, int, int]:
     local_rank = first("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", default=0)
     world = first("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", default=1)
     local_world = first("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", default=1)
-    return rank, local_rank, world, local_world
+    return RankIdentity(rank, local_rank, world, local_world)
