@@ -205,8 +205,10 @@ VARIABLES: tuple[Variable, ...] = (
     ),
 )
 
-# Names of the GAUDI_CLUSTER_ form in the code that are not variables (a heredoc's end marker).
-NOT_VARIABLES = frozenset({"GAUDI_CLUSTER_EOF"})
+# Names of the GAUDI_CLUSTER_ form in the code that are not variables: a heredoc's end marker, and the
+# private file's entries that carry a program's hidden token-like arguments (wire.private_args), which
+# the agent takes out before the program starts, so no process's environment has them.
+NOT_VARIABLES = frozenset({"GAUDI_CLUSTER_EOF", "GAUDI_CLUSTER_PRIVATE_ARG", "GAUDI_CLUSTER_PRIVATE_ARG_N"})
 
 
 def _cell(text: str) -> str:
