@@ -119,6 +119,13 @@ VARIABLES: tuple[Variable, ...] = (
         "under Slurm, how the master reaches the nodes: auto, srun (steps, no sshd) or ssh",
     ),
     Variable(
+        "GAUDI_CLUSTER_MASTER_ENV_DIR",
+        ReadBy.ENTRYPOINT,
+        "",
+        "the master only: each file NAME in it becomes the variable NAME of the master's environment "
+        "(the Indexed Job's HF token, kept off the workers' containers)",
+    ),
+    Variable(
         "GAUDI_CLUSTER_ROLE",
         ReadBy.ENTRYPOINT,
         "worker",
