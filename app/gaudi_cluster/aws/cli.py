@@ -35,6 +35,11 @@ class _Parser(argparse.ArgumentParser):
         # The line already starts with `gaudi-cluster: error:`; the fix names this command's help.
         raise ConfigError(f"{message}; fix: {self.prog} --help")
 
+    def parse_args(self, args: Sequence[str] | None = None, namespace: None = None) -> argparse.Namespace:  # type: ignore[override]
+        words = list(sys.argv[1:] if args is None else args)
+        check_flags(self, words)
+        return super().parse_args(words, namespace)
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
@@ -281,10 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `gaudi-cluster aws ARGS`; returns the exit code (0, 1, 2 bad input, 3 not ready)."""
     _configure_logging()
     try:
-        words = list(sys.argv[1:] if argv is None else argv)
-        parser = _parser()
-        check_flags(parser, words)
-        args = parser.parse_args(words)
+        args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
         if args.command is None:
             _parser().print_help(sys.stderr)
             return 2
