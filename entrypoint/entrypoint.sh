@@ -26,6 +26,8 @@
 #          the Kubeflow MPI Operator's Secret: id_rsa (an ECDSA P-521 key in PEM form, whatever its
 #          name says), id_rsa.pub and authorized_keys, mode 0644 when mounted away from /root/.ssh.
 #        Either way the keys are installed as owner-only copies in /root/.ssh.
+#        GAUDI_CLUSTER_MASTER_ENV_DIR (master only; unset: none): one file per variable of the master's
+#          environment, named after it (HF_TOKEN), for secrets that must reach no worker's container.
 # Bad input (unknown role, missing or unsafe key, bad port): one line naming the culprit and the fix
 # on stderr, exit 2, nothing started. Every branch ends in exec.
 # Sourceable: `source entrypoint.sh` defines the functions and runs nothing.
@@ -298,7 +300,24 @@ ep_wait_listening() {
 
 # ep_run_srun_master [JOB...]: the master of a Slurm step that reaches the nodes by srun steps
 # (nodes/srun): no sshd and no client key; Slurm starts every process.
+# ep_master_env: every file NAME in GAUDI_CLUSTER_MASTER_ENV_DIR becomes the variable NAME of the
+# master's environment, never a word of a command line (Kubernetes: the Indexed Job's init container
+# copies the HF token Secret there on index 0 alone, so no worker's container holds it). Unset: nothing.
+ep_master_env() {
+	local dir="${GAUDI_CLUSTER_MASTER_ENV_DIR:-}" file name
+	[[ -n "$dir" ]] || return 0
+	[[ -d "$dir" ]] || ep_die "GAUDI_CLUSTER_MASTER_ENV_DIR=$dir is not a directory; fix: mount one there or unset it"
+	for file in "$dir"/*; do
+		[[ -f "$file" ]] || continue
+		name="${file##*/}"
+		[[ "$name" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] ||
+			ep_die "$file: '$name' is not a variable name; fix: name each file after its variable (HF_TOKEN)"
+		export "$name=$(<"$file")"
+	done
+}
+
 ep_run_srun_master() {
+	ep_master_env
 	mkdir -p /run/gaudi-cluster/jobs
 	ep_note "master: no sshd (Slurm starts the processes on every node); starting gaudi-cluster master"
 	exec gaudi-cluster master "$@"
@@ -321,6 +340,7 @@ ep_master_runs_no_ranks() {
 ep_run_master() {
 	local port sshd_pid
 	port="$(ep_ssh_port)"
+	ep_master_env
 	if ep_master_runs_no_ranks; then
 		ep_validate_keys master
 		ep_install_keys

@@ -42,7 +42,10 @@ def error_line(capsys) -> str:
             ["plan", "--nodes", "two"],
             "argument --nodes: invalid int value: 'two'; fix: gaudi-cluster aws plan --help",
         ),
-        (["plan", "--node", "2"], "fix: gaudi-cluster aws plan --help"),
+        (
+            ["plan", "--node", "2"],
+            "gaudi-cluster aws plan: unknown flag '--node'; fix: --nodes (gaudi-cluster aws plan --help",
+        ),
         (["up", "--nodes", "2", "--placement-group", "spread"], "argument --placement-group: invalid choice"),
         (
             ["plan", "--nodes", "2", "--key-name", "me"],
@@ -72,6 +75,45 @@ def test_bad_input_is_one_line_exit_2_and_reaches_no_cloud(offline, capsys, argv
     line = error_line(capsys)
     assert fragment in line
     assert "; fix: " in line
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        # Named before argparse's own complaint (the required --nodes) would hide it.
+        (["up", "--bogus"], "gaudi-cluster aws up: unknown flag '--bogus'; fix: gaudi-cluster aws up --help"),
+        (
+            ["status", "demo", "--cluster", "x"],
+            "gaudi-cluster aws status: unknown flag '--cluster'; fix: --cluster-id "
+            "(gaudi-cluster aws status --help lists every flag)",
+        ),
+        (
+            ["down", "--wait-timeot=30"],
+            "gaudi-cluster aws down: unknown flag '--wait-timeot'; fix: --wait-timeout "
+            "(gaudi-cluster aws down --help lists every flag)",
+        ),
+        (
+            ["plan", *PLAN[1:], "--region-name", "us-east-1"],
+            "gaudi-cluster aws plan: unknown flag '--region-name'; fix: --region "
+            "(gaudi-cluster aws plan --help lists every flag)",
+        ),
+        (["--verbose", "plan"], "gaudi-cluster aws: unknown flag '--verbose'; fix: gaudi-cluster aws --help"),
+        # A flag of another subcommand is unknown to this one (--keys is up's).
+        (["plan", *PLAN[1:], "--keys", ".keys"], "gaudi-cluster aws plan: unknown flag '--keys'"),
+        # Quoted and safe: a terminal escape in the flag reaches no terminal raw.
+        (["plan", "--\x1b[2Jx"], "gaudi-cluster aws plan: unknown flag"),
+    ],
+)
+def test_an_unknown_flag_is_named_with_the_closest_one_and_exit_2(offline, capsys, argv, line):
+    assert cli.main(argv) == 2
+    shown = error_line(capsys)
+    assert shown.startswith(f"gaudi-cluster: error: {line}"), shown
+    assert "\x1b" not in shown
+
+
+def test_values_that_look_like_flags_are_left_to_the_checks_of_their_flag(offline, capsys):
+    assert cli.main(["plan", "--nodes", "-1", *PLAN[3:]]) == 2
+    assert "--nodes -1: a cluster needs at least one node" in error_line(capsys)
 
 
 @pytest.mark.parametrize("command", ["plan", "up"])

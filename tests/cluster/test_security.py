@@ -202,3 +202,37 @@ def test_no_secret_reaches_deepspeeds_runner_pdsh_or_the_log(make_cluster, tmp_p
     assert "[launcher]" in log and "export " in log  # DeepSpeed's runner logged its pdsh command
     for text in (seen, log, *(cluster.logs(name) for name in cluster.worker_names)):
         assert secret not in text
+
+
+# Every process of a container, one command line a line.
+EACH_CMDLINE = "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < \"$f\"; echo; done 2>/dev/null"
+
+
+def test_a_token_argument_reaches_the_program_and_no_launchers_argv_or_log(make_cluster, tmp_path):
+    secret = "hf_" + os.urandom(8).hex()
+    cluster = make_cluster(workers=2)
+    cluster.start_workers()
+    cluster.wait_healthy(cluster.worker_names)
+    job = ["/workspace/user/slow.py", "--hub_token", secret, f"--token={secret}"]
+    cluster.start_master(job, extra_env={**UNTIL_STOP, "GAUDI_CLUSTER_LAUNCHER": "deepspeed"})
+    deadline = time.monotonic() + 180
+    while "still training" not in cluster.logs(cluster.master) and time.monotonic() < deadline:
+        time.sleep(1)
+    programs, launchers = [], []
+    for name in [cluster.master, *cluster.worker_names]:
+        for line in cluster.exec(name, "sh", "-c", EACH_CMDLINE).stdout.splitlines():
+            if "master /workspace/user/slow.py" in line:
+                continue  # the master's own command: what the user typed (the warning names the fix)
+            if "slow.py" in line and "gaudi_cluster" not in line and "deepspeed" not in line:
+                programs.append(line)  # the user's program itself (python -u slow.py ...)
+            elif "slow.py" in line:
+                launchers.append(line)  # runner, pdsh, ssh, launch.py, the rank agents
+    (tmp_path / "shared" / "stop").touch()  # every node's processes were read while the job ran
+    assert cluster.wait_master(timeout_s=240) == 0, cluster.logs(cluster.master)[-4000:]
+    assert programs and all(f"--hub_token {secret} --token={secret}" in line for line in programs), programs
+    assert any("pdsh" in line for line in launchers) and any("rank.agent" in line for line in launchers)
+    assert not [line for line in launchers if secret in line]
+    master_log = cluster.logs(cluster.master)
+    assert "argument(s) --hub_token, --token look like a secret" in master_log
+    for text in (master_log, *(cluster.logs(name) for name in cluster.worker_names)):
+        assert secret not in text

@@ -338,7 +338,9 @@ def test_indexed_job_trains_on_every_index_found_through_the_service(pods, tmp_p
     pod_spec = job_doc["spec"]["template"]["spec"]
     assert pod_spec["subdomain"] == subdomain
     container = pod_spec["containers"][0]
-    env = container_env(container, settings_of(docs))
+    # docs/kubernetes.md's token: the Secret, and GAUDI_CLUSTER_ENV_PASS in the settings ConfigMap.
+    env = container_env(container, {**settings_of(docs), "GAUDI_CLUSTER_ENV_PASS": "HF_TOKEN"})
+    assert secret_env(container, {HF_TOKEN_SECRET: {"HF_TOKEN": TOKEN}}) == {}  # no pod's variable
     completions = job_doc["spec"]["completions"]
     assert env["GAUDI_CLUSTER_NODES"] == str(completions) and env["GAUDI_CLUSTER_PEERS_DNS"] == subdomain
     client_pair = {name: (cluster_keys / name).read_bytes() for name in ("id_ed25519", "id_ed25519.pub")}
@@ -353,6 +355,7 @@ def test_indexed_job_trains_on_every_index_found_through_the_service(pods, tmp_p
             {item["path"]: secrets[client["secretName"]][item["key"]] for item in client["items"]},
             client["defaultMode"],
         ),
+        "hf-token": secret_volume(tmp_path / "hf-token", {"HF_TOKEN": TOKEN.encode()}, 0o400),
     }
     key_dir = env["GAUDI_CLUSTER_SSH_DIR"]
 
@@ -365,9 +368,10 @@ def test_indexed_job_trains_on_every_index_found_through_the_service(pods, tmp_p
             subdomain,
         ]
         # The pod's in-memory key directory, filled by its init container before the pod starts.
-        ssh_dir = tmp_path / f"ssh-dir-{index}"
+        ssh_dir, master_env = tmp_path / f"ssh-dir-{index}", tmp_path / f"master-env-{index}"
         ssh_dir.mkdir()
-        volumes = {**shared, "ssh-dir": ssh_dir}
+        master_env.mkdir()
+        volumes = {**shared, "ssh-dir": ssh_dir, "master-env": master_env}
         pods.init(pod_spec, {"JOB_COMPLETION_INDEX": str(index)}, volumes)
         return pods.run(
             hostname,
@@ -382,9 +386,29 @@ def test_indexed_job_trains_on_every_index_found_through_the_service(pods, tmp_p
     time.sleep(WORKERS_LATE_S)
     assert pods.running(master), pods.logs(master)[-3000:]
     workers = [start(index) for index in range(1, completions)]
-    code = pods.wait(master, timeout_s=600)
+    # Rank 0 runs on index 0: read its environment, and every pod's argv, while it runs.
+    seen: dict[str, Any] = {}
+    deadline = time.monotonic() + 600
+    while pods.running(master) and time.monotonic() < deadline:
+        done = docker("exec", master, "python3", "-c", SNAPSHOT, check=False)
+        if done.returncode == 0 and json.loads(done.stdout)["rank0_token"] is not None:
+            seen = json.loads(done.stdout)
+            for other in workers:
+                more = docker("exec", other, "python3", "-c", SNAPSHOT, check=False).stdout
+                seen["argv"] += json.loads(more)["argv"] if more else []
+            break
+        time.sleep(0.5)
+    # A worker's container was given no token (its ranks get it from the master, as every rank does).
+    for worker in workers:
+        given = docker("exec", worker, "cat", "/proc/1/environ", check=False)
+        assert given.returncode == 0 and "GAUDI_CLUSTER_MASTER_ENV_DIR" in given.stdout, worker
+        assert TOKEN not in given.stdout, worker
+    code = pods.wait(master, timeout_s=max(1.0, deadline - time.monotonic()))
     log = pods.logs(master)
     assert code == 0, log[-4000:]
+    assert seen.get("rank0_token") == TOKEN, "rank 0 never ran with the Secret's HF_TOKEN"
+    assert not [argv for argv in seen["argv"] if TOKEN in argv]
+    assert TOKEN not in log and not [name for name in workers if TOKEN in pods.logs(name)]
     assert "role auto: master (JOB_COMPLETION_INDEX=0)" in log
     assert rank_hosts(log) == {i: {f"{job}-{i}"} for i in range(completions)}, rank_hosts(log)
     for worker in workers:
@@ -397,6 +421,8 @@ def test_indexed_job_trains_on_every_index_found_through_the_service(pods, tmp_p
     # The in-memory key directories the init containers filled: the client key on index 0 alone.
     held = {i: {f.name for f in (tmp_path / f"ssh-dir-{i}").iterdir()} for i in range(completions)}
     assert {i for i, names in held.items() if "id_ed25519" in names} == {0}, held
+    tokens = {i for i in range(completions) if any((tmp_path / f"master-env-{i}").iterdir())}
+    assert tokens == {0}, tokens
     # Every worker's sshd presents the cluster host key (the master has exited: asked from a worker).
     pinned = key_blob(secrets[HOST_KEY_SECRET][HOST_IDENTITY[1]])
     for index in range(1, completions):

@@ -220,26 +220,66 @@ def test_indexed_job_client_key_reaches_only_the_init_container(rendered):
     assert items == {CLIENT_KEY_SECRET: {"id_ed25519.pub"}, HOST_KEY_SECRET: HOST_IDENTITY}
 
 
+INIT_VOLUMES = ("node-keys", "client-key", "ssh-dir", "hf-token", "master-env")
+
+
+def test_indexed_job_hf_token_reaches_only_the_init_container(rendered):
+    job, _ = indexed(rendered)
+    pod = job["spec"]["template"]["spec"]
+    token = volume(pod, "hf-token")["secret"]
+    assert token["secretName"] == "gaudi-cluster-hf-token" and token["optional"] is True
+    assert is_owner_only(token["defaultMode"])
+    assert [c["name"] for c in containers_of(pod) if "hf-token" in mounts_of(c)] == ["keys"]
+    # One template for every index: no container may take the Secret as a variable (every pod would).
+    from_secrets = [
+        (c["name"], item["name"])
+        for c in containers_of(pod)
+        for item in c.get("env", [])
+        if "secretKeyRef" in item.get("valueFrom", {})
+    ]
+    assert from_secrets == []
+    (node,) = pod["containers"]
+    master_env = {item["name"]: item.get("value") for item in node["env"]}["GAUDI_CLUSTER_MASTER_ENV_DIR"]
+    assert mounts_of(node)["master-env"] == {"name": "master-env", "mountPath": master_env, "readOnly": True}
+    assert volume(pod, "master-env")["emptyDir"]["medium"] == "Memory"
+
+
+@pytest.mark.parametrize("token", [True, False], ids=["token", "no-token-secret"])
 @pytest.mark.parametrize(("index", "is_master"), [("0", True), ("1", False), ("10", False), (None, False)])
-def test_the_key_init_container_gives_the_client_key_to_index_0_only(rendered, tmp_path, index, is_master):
+def test_the_key_init_container_gives_the_client_key_and_token_to_index_0_only(
+    rendered, tmp_path, index, is_master, token
+):
     job, _ = indexed(rendered)
     pod = job["spec"]["template"]["spec"]
     init = keys_init_container(pod)
     assert init["command"] == ["/bin/sh", "-ec"]
     script, zero, *paths = init["args"]
     mounts = mounts_of(init)
-    assert paths == [mounts[name]["mountPath"] for name in ("node-keys", "client-key", "ssh-dir")]
+    assert paths == [mounts[name]["mountPath"] for name in INIT_VOLUMES]
     # Stand-ins: what the script does with the bytes does not depend on them being keys.
     public = {"id_ed25519.pub": b"ssh-ed25519 AAAA\n", "ssh_host_ed25519_key.pub": b"ssh-ed25519 BBBB\n"}
     node_keys = secret_volume(
         tmp_path / "node-keys", {**public, "ssh_host_ed25519_key": b"host secret\n"}, 0o400
     )
     client = secret_volume(tmp_path / "client-key", {"id_ed25519": b"client secret\n"}, 0o400)
-    out = tmp_path / "ssh-dir"
+    # An optional Secret that does not exist is an empty volume.
+    hf_token = secret_volume(tmp_path / "hf-token", {"HF_TOKEN": b"hf_secret"} if token else {}, 0o400)
+    out, master_env = tmp_path / "ssh-dir", tmp_path / "master-env"
     out.mkdir()
+    master_env.mkdir()
     env = {"PATH": os.environ["PATH"], **({"JOB_COMPLETION_INDEX": index} if index is not None else {})}
     done = subprocess.run(
-        ["/bin/sh", "-ec", script, zero, str(node_keys), str(client), str(out)],
+        [
+            "/bin/sh",
+            "-ec",
+            script,
+            zero,
+            str(node_keys),
+            str(client),
+            str(out),
+            str(hf_token),
+            str(master_env),
+        ],
         env=env,
         capture_output=True,
         text=True,
@@ -251,6 +291,13 @@ def test_the_key_init_container_gives_the_client_key_to_index_0_only(rendered, t
     for made in out.iterdir():
         assert made.is_file() and not made.is_symlink() and made.stat().st_mode & 0o777 == 0o400, made
     assert (out / "ssh_host_ed25519_key").read_bytes() == b"host secret\n"
+    # The token: a plain file on the master's pod alone, for the entrypoint (GAUDI_CLUSTER_MASTER_ENV_DIR).
+    assert {p.name for p in master_env.iterdir()} == ({"HF_TOKEN"} if is_master and token else set())
+    if is_master and token:
+        made = master_env / "HF_TOKEN"
+        assert (
+            not made.is_symlink() and made.read_bytes() == b"hf_secret" and made.stat().st_mode & 0o077 == 0
+        )
     # The log names files, never their content.
     assert "secret" not in done.stdout + done.stderr
     assert re.search(rf"index {index if index is not None else '[?]'}:", done.stdout), done.stdout

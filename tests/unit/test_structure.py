@@ -89,6 +89,7 @@ PURE = {
     "gaudi_cluster.wire.fields",
     "gaudi_cluster.wire.kinds",
     "gaudi_cluster.wire.host_name",
+    "gaudi_cluster.wire.private_args",
     "gaudi_cluster.wire.workload_events",
     "gaudi_cluster.rank.agent_beat",
 }

@@ -7,6 +7,7 @@ first resource is created. `up` converges by tag: run it again and it creates on
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import shutil
@@ -33,6 +34,11 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         # The line already starts with `gaudi-cluster: error:`; the fix names this command's help.
         raise ConfigError(f"{message}; fix: {self.prog} --help")
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: None = None) -> argparse.Namespace:  # type: ignore[override]
+        words = list(sys.argv[1:] if args is None else args)
+        check_flags(self, words)
+        return super().parse_args(words, namespace)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -94,6 +100,38 @@ def _parser() -> argparse.ArgumentParser:
         help=f"seconds for the whole teardown (default {facts.DEFAULT_WAIT_TIMEOUT_S:g})",
     )
     return parser
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return {
+        name: sub
+        for action in parser._actions
+        if isinstance(action, argparse._SubParsersAction)
+        for name, sub in action.choices.items()
+    }
+
+
+def check_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """Refuse the first flag the command does not take, naming it, the closest one it takes and its
+    help, before argparse would report something else first (a required --nodes) or point at the
+    top-level help."""
+    commands = _subcommands(parser)
+    where = parser
+    for word in argv:
+        if word == "--":
+            return
+        if where is parser and word in commands:
+            where = commands[word]
+            continue
+        flag = word.split("=", 1)[0]
+        if not flag.startswith("-") or flag == "-" or flag[1:2].isdigit():
+            continue  # a value (a negative number too)
+        known = [option for action in where._actions for option in action.option_strings]
+        if flag in known:
+            continue
+        close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+        fix = f"{close[0]} ({where.prog} --help lists every flag)" if close else f"{where.prog} --help"
+        raise ConfigError(f"{where.prog}: unknown flag {quoted(flag)}; fix: {fix}")
 
 
 def _default_region() -> str:

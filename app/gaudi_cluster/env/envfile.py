@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gaudi_cluster.errors import ConfigError
+from gaudi_cluster.wire import private_args
 
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Whole parts of a name (split on "_") that mark a secret: HF_TOKEN, AWS_SECRET_ACCESS_KEY, DB_PASSWORD,
@@ -155,33 +156,60 @@ def _secret_arg_name(name: str) -> bool:
     return is_secret(name.replace("-", "_"))
 
 
-def secret_arguments(argv: Sequence[str]) -> list[str]:
-    """The program arguments that look like they carry a secret: `--hub_token X`, `--token=X`,
-    `*_token=X`, a URL with userinfo (named by the argument before it, or the word itself)."""
-    found: list[str] = []
-    for i, word in enumerate(argv):
+@dataclass(frozen=True)
+class HiddenArguments:
+    """A program with the values of its token-like arguments replaced by placeholders
+    (wire.private_args), and those values by the private file's variable that carries each."""
+
+    argv: tuple[str, ...]
+    values: Mapping[str, str] = field(default_factory=dict, repr=False)
+    # The arguments hidden (`--hub_token`, `argument 3`), for the log: never values.
+    names: tuple[str, ...] = ()
+
+
+def hide_secret_arguments(program: Sequence[str]) -> HiddenArguments:
+    """The program arguments that look like they carry a secret, hidden: `--hub_token X`, `--token=X`,
+    `*_token=X`, a URL with userinfo (named by the argument before it, or its position)."""
+    argv, values, names = list(program), {}, []
+    taken: set[int] = set()  # a value hidden as the value of the flag before it
+
+    def take(index: int, prefix: str, value: str, name: str) -> None:
+        argv[index] = prefix + private_args.placeholder(len(values))
+        values[private_args.variable(len(values))] = value
+        names.append(name)
+        taken.add(index)
+
+    for i, word in enumerate(program):
+        if i in taken:
+            continue
         name, eq, value = word.partition("=")
         flag = name.lstrip("-")
         if eq and value and NAME_RE.fullmatch(flag.replace("-", "_")) and _secret_arg_name(flag):
-            found.append(name)
-        elif word.startswith("-") and not eq and _secret_arg_name(flag) and i + 1 < len(argv):
-            if not argv[i + 1].startswith("-"):
-                found.append(word)
+            take(i, f"{name}=", value, name)
+        elif word.startswith("-") and not eq and _secret_arg_name(flag) and i + 1 < len(program):
+            if not program[i + 1].startswith("-"):
+                take(i + 1, "", program[i + 1], word)
         elif has_userinfo(word):
-            found.append(argv[i - 1] if i and argv[i - 1].startswith("-") else f"argument {i + 1}")
-    return found
+            take(i, "", word, program[i - 1] if i and program[i - 1].startswith("-") else f"argument {i + 1}")
+    return HiddenArguments(tuple(argv), values, tuple(names))
+
+
+def secret_arguments(argv: Sequence[str]) -> list[str]:
+    """The names of the program arguments that look like they carry a secret (hide_secret_arguments)."""
+    return list(hide_secret_arguments(argv).names)
 
 
 def secret_arguments_warning(program: Sequence[str]) -> str | None:
-    """One line for the log when the program's arguments carry what looks like a secret."""
+    """One line for the log when the program's arguments carry what looks like a secret (private_args
+    takes their values off every launcher's command line; the program's own argv still holds them)."""
     found = secret_arguments(program)
     if not found:
         return None
     return (
-        f"argument(s) {', '.join(dict.fromkeys(found))} look like a secret, and a launcher's argv is "
-        "visible to `ps` on the master and every node (the log shows it masked); fix: put it in the "
-        "environment instead (export NAME=... on the master, --env-pass NAME) and have the program "
-        "read it from there"
+        f"argument(s) {', '.join(dict.fromkeys(found))} look like a secret: they reach the ranks through the "
+        "job's private file, never a launcher's command line, but the program's own argv holds them and is "
+        "visible to `ps` on every node; fix: put it in the environment instead (export NAME=... on the "
+        "master, --env-pass NAME) and have the program read it from there"
     )
 
 

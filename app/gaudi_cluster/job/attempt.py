@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from gaudi_cluster.env.envfile import hide_secret_arguments, secret_arguments_warning
 from gaudi_cluster.job.settings import AttemptSettings, JobSettings
 from gaudi_cluster.launch import attempts, plan
 from gaudi_cluster.launch.prepare import PreparedJob, prepare, staged_values
@@ -79,13 +80,17 @@ def prepare_attempt(
 ) -> PreparedJob:
     """Survey, then prepare: the attempt's values are staged by the survey, used by the preparation.
     `chosen`: a restart's nodes, as the master planned them (else they are found)."""
-    staged = staged_values(settings.env_pass, environ)
+    # Token-like argument values travel in the private file; every launcher's argv holds placeholders.
+    hidden = hide_secret_arguments(program)
+    if warning := secret_arguments_warning(program):
+        log.warning("warning: %s", warning)
+    staged = staged_values(settings.env_pass, environ, hidden.values)
     paths = required_paths(program, os.getcwd())
     survey = survey_nodes(
         settings.survey, paths, environ, staged.payload, job_output_dir(program, environ), chosen
     )
     try:
-        return prepare(settings.prepare, survey, staged, program, environ, options, attempt)
+        return prepare(settings.prepare, survey, staged, hidden.argv, environ, options, attempt)
     except BaseException:
         cleanup.remove_private_files(survey, settings.prepare.job_root)  # staged, never to be read now
         survey.release()

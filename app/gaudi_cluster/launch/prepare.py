@@ -92,9 +92,13 @@ class StagedValues:
         return PrivatePayload(node=node, token=protocol.node_key(self.token, node), env=self.private_env)
 
 
-def staged_values(env_pass: Sequence[str], environ: Mapping[str, str]) -> StagedValues:
+def staged_values(
+    env_pass: Sequence[str], environ: Mapping[str, str], hidden_arguments: Mapping[str, str] | None = None
+) -> StagedValues:
+    """`hidden_arguments`: the program's token-like argument values (private_args.hide), which go
+    through the private file too."""
     user_files = tuple(user_env_files(environ))
-    private = jobenv.private_values(user_files, env_pass, environ)
+    private = {**jobenv.private_values(user_files, env_pass, environ), **(hidden_arguments or {})}
     return StagedValues(user_files, private, protocol.new_token())
 
 
@@ -267,9 +271,6 @@ def prepare(
     else:
         tools.check_requirements(settings.launcher, requirements, mpirun_major=lambda: mpirun_major)
     launch = launcher.plan(inputs)
-    warning = envfile.secret_arguments_warning(program)
-    if warning is not None:
-        log.warning("warning: %s", warning)
     if inputs.mpi_tree_spawn and survey.ssh_config and not survey.local and not settings.dry_run:
         # mpirun's ssh arguments name the job's config (-F): tree spawn reads it on other nodes too.
         others = [host for host in survey.hosts if host != survey.this_node]

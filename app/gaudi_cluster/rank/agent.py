@@ -28,7 +28,7 @@ from pathlib import Path
 
 from gaudi_cluster.rank import agent_beat, jobdir, procgroup, relay_join
 from gaudi_cluster.rank.conventions import output_dir_in, rank_identity, with_local_rank
-from gaudi_cluster.wire import messages
+from gaudi_cluster.wire import messages, private_args
 from gaudi_cluster.wire.channel import Channel
 from gaudi_cluster.wire.protocol import BEAT_INTERVAL_S
 
@@ -82,6 +82,8 @@ class RankAgent:
         self.token = private.token if private else ""  # this node's key (protocol.node_key)
         self.node = private.node if private else self.host  # the node's name in the master's plan
         self.env.update(private.env if private else {})
+        # Token-like program arguments came as placeholders (private_args): no launcher's argv held them.
+        self.program, self.missing = self._restore_arguments(self.program)
         self.progress_file = self.job_dir / f"rank{self.rank}.progress"
         self.env["GAUDI_CLUSTER_PROGRESS_FILE"] = str(self.progress_file)
         self.env["GAUDI_CLUSTER_EVENTS_FILE"] = str(self.job_dir / "events.jsonl")
@@ -98,6 +100,14 @@ class RankAgent:
         self.ignored = 0  # control messages dropped for want of the session's MAC
         self._stop_lock = threading.Lock()
         self._stdout_ok = True
+
+    def _restore_arguments(self, program: list[str]) -> tuple[list[str], str | None]:
+        names = [name for name in self.env if private_args.is_private_argument(name)]
+        hidden = {name: self.env.pop(name) for name in names}  # not for the program's environment
+        try:
+            return private_args.restore(program, hidden), None
+        except private_args.MissingPrivateArgument as error:
+            return program, str(error)
 
     # --- the rank's process group -------------------------------------------------------------
 
@@ -230,6 +240,10 @@ class RankAgent:
             except ConnectionError as error:
                 self.say(f"error: {error}; the rank is not started without supervision")
                 return 1
+        if self.missing:
+            self.say(f"error: {self.missing}")
+            self._report(2, None)
+            return 2
         try:
             self.start_child()
         except OSError as error:

@@ -119,6 +119,13 @@ VARIABLES: tuple[Variable, ...] = (
         "under Slurm, how the master reaches the nodes: auto, srun (steps, no sshd) or ssh",
     ),
     Variable(
+        "GAUDI_CLUSTER_MASTER_ENV_DIR",
+        ReadBy.ENTRYPOINT,
+        "",
+        "the master only: each file NAME in it becomes the variable NAME of the master's environment "
+        "(the Indexed Job's HF token, kept off the workers' containers)",
+    ),
+    Variable(
         "GAUDI_CLUSTER_ROLE",
         ReadBy.ENTRYPOINT,
         "worker",
@@ -205,8 +212,10 @@ VARIABLES: tuple[Variable, ...] = (
     ),
 )
 
-# Names of the GAUDI_CLUSTER_ form in the code that are not variables (a heredoc's end marker).
-NOT_VARIABLES = frozenset({"GAUDI_CLUSTER_EOF"})
+# Names of the GAUDI_CLUSTER_ form in the code that are not variables: a heredoc's end marker, and the
+# private file's entries that carry a program's hidden token-like arguments (wire.private_args), which
+# the agent takes out before the program starts, so no process's environment has them.
+NOT_VARIABLES = frozenset({"GAUDI_CLUSTER_EOF", "GAUDI_CLUSTER_PRIVATE_ARG", "GAUDI_CLUSTER_PRIVATE_ARG_N"})
 
 
 def _cell(text: str) -> str:
