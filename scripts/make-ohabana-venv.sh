@@ -33,9 +33,14 @@ fi
 compgen -G "$root/build/wheelhouse/torch-*+cpu-*.whl" >/dev/null \
 	|| die "no CPU torch wheel in build/wheelhouse; fix: make wheelhouse"
 mkdir -p "$wheels"
+# The three profiles' venvs are built side by side (tests/ohabana): their fetches into the one shared
+# wheelhouse take turns on this lock; the venvs themselves are separate directories.
+exec {wheel_lock}>"$wheels.lock"
+flock "$wheel_lock"
 # The cpu image's wheels (torch's CPU build above all) are reused by hard link, never downloaded twice.
 find "$root/build/wheelhouse" -maxdepth 1 -name '*.whl' -exec ln -f -t "$wheels" {} + 2>/dev/null || true
 PYTHON="$python" bash "$here/make-wheelhouse.sh" "$lock" "$wheels" 2>&1 | { grep -v '^check-wheelhouse: note:' || true; } >&2
+flock -u "$wheel_lock"
 
 note "creating $venv (optimum-habana of the $profile profile, CPU torch; a few minutes the first time)"
 rm -rf "$venv"

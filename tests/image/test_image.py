@@ -7,10 +7,8 @@ GAUDI_CLUSTER_IMAGE (default gaudi-cluster:cpu). Needs a Docker engine; fails wi
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
-import tarfile
 import time
 from pathlib import Path
 
@@ -28,15 +26,12 @@ from tests.support.docker import (
     run_once,
     wait_until,
 )
+from tests.support.image_scan import LayerScan, scan_layers
 
 pytestmark = pytest.mark.docker
 
 VENV_PY = "/opt/venv/bin/python"
 MAX_IMAGE_BYTES = 2.5e9
-# A PEM/OpenSSH private key block: the header, then base64 lines (binaries only hold the header string).
-PRIVATE_KEY_PEM = re.compile(
-    rb"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----\r?\n(?:[A-Za-z0-9+/=:, -]*\r?\n)*?[A-Za-z0-9+/=]{40,}\r?\n"
-)
 
 
 def ssh_from(client: str, target: str, command: str, port: int | None = None) -> subprocess.CompletedProcess:
@@ -181,45 +176,27 @@ def test_image_size(config):
 # ---- no keys baked in ---------------------------------------------------------------------------------
 
 
-def test_filesystem_has_no_host_or_user_keys(image):
-    """A container whose entrypoint never ran has no ssh host keys and no ~/.ssh/id_*."""
-    cid = docker("create", image).stdout.strip()
-    try:
-        with (
-            subprocess.Popen(["docker", "export", cid], stdout=subprocess.PIPE) as proc,
-            tarfile.open(fileobj=proc.stdout, mode="r|") as tar,
-        ):
-            names = [member.name for member in tar]
-        assert proc.returncode == 0, "docker export failed"
-    finally:
-        docker("rm", "-f", cid, check=False)
-    bad = [n for n in names if re.search(r"(^|/)etc/ssh/ssh_host_|(^|/)root/\.ssh/id_", n)]
+@pytest.fixture(scope="module")
+def layers(image) -> LayerScan:
+    """One streamed pass over every layer of the image, shared by the two no-key tests below."""
+    return scan_layers(image)
+
+
+def test_filesystem_has_no_host_or_user_keys(layers: LayerScan):
+    """No layer (so neither the filesystem of a container whose entrypoint never ran) has ssh host keys
+    or a ~/.ssh/id_*: every file of that filesystem comes from a layer, and a key a later layer deletes
+    still ships in its layer."""
+    bad = layers.named(r"(^|/)etc/ssh/ssh_host_|(^|/)root/\.ssh/id_")
     assert not bad, f"keys in the image: {bad}"
 
 
-def test_no_layer_holds_a_private_or_host_key(image, tmp_path):
+def test_no_layer_holds_a_private_or_host_key(layers: LayerScan):
     """Every layer of `docker save`: no ssh_host_* file and no text file holding a PEM/OpenSSH private key.
 
     Binaries (libssl, ssh-keygen) contain the "PRIVATE KEY" header as a string; a key file is text
     with a base64 body, which is what the pattern requires.
     """
-    archive = tmp_path / "image.tar"
-    with archive.open("wb") as out:
-        subprocess.run(["docker", "save", image], stdout=out, check=True, timeout=600)
-    found = []
-    with tarfile.open(archive) as outer:
-        layers = [m for m in outer.getmembers() if m.name.endswith("layer.tar")]
-        assert layers, "docker save produced no layers"
-        for layer in layers:
-            with tarfile.open(fileobj=outer.extractfile(layer)) as inner:
-                for member in inner:
-                    base = member.name.rsplit("/", 1)[-1]
-                    if base.startswith("ssh_host_"):
-                        found.append(f"{layer.name}: {member.name}")
-                    elif member.isfile() and member.size > 0:
-                        data = inner.extractfile(member).read()
-                        if b"PRIVATE KEY" in data and b"\0" not in data and PRIVATE_KEY_PEM.search(data):
-                            found.append(f"{layer.name}: {member.name}")
+    found = [*layers.named(r"(^|/)ssh_host_[^/]*$"), *layers.private_keys]
     assert not found, f"keys in image layers: {found}"
 
 

@@ -43,11 +43,14 @@ from tests.k8s.kubelet import (
 )
 from tests.support.docker import LABEL, ROOT, docker
 from tests.support.kubernetes import kustomize
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 NAMESPACE = "default"
-WORKERS_LATE_S = 15
+# The master's log line before its first look for peers (nodes/find) and before its first knock on
+# their sshd (nodes/survey): the workers start only once it is there, so they are late for certain.
+WAITING_FOR_PEERS = re.compile(r"waiting for (peers via|sshd on port)")
 SCRIPT = "/opt/gaudi-cluster/app/train/run_clm.py"
 # A short training run: the contract is about who runs where, not about convergence.
 JOB = [SCRIPT, "--do_train", "--output_dir", "/workspace/output", "--deepspeed", "ds_cpu",
@@ -188,6 +191,13 @@ class Pods:
         done = docker("logs", name, check=False)
         return done.stdout + done.stderr
 
+    def wait_for_log(self, name: str, pattern: re.Pattern[str], timeout_s: float = 180) -> None:
+        """Until the container's log matches (it waits on an event, never a fixed time); fails if it
+        exits or the time is up first."""
+        seen = wait_for(lambda: pattern.search(self.logs(name)) or not self.running(name), timeout_s)
+        log = self.logs(name)
+        assert seen and pattern.search(log), f"{name}: no {pattern.pattern!r} in its log:\n{log[-3000:]}"
+
     def running(self, name: str) -> bool:
         return docker("inspect", "-f", "{{.State.Running}}", name, check=False).stdout.strip() == "true"
 
@@ -270,7 +280,7 @@ def test_mpijob_launcher_trains_on_late_workers_with_the_operators_keys(pods, tm
     # The launcher (the master) alone holds the token; the workers' ranks get it from the master.
     assert secret_env(launcher_container, token_secret) == {"HF_TOKEN": TOKEN}
     assert secret_env(worker_container, token_secret) == {}
-    time.sleep(WORKERS_LATE_S)
+    pods.wait_for_log(launcher, WAITING_FOR_PEERS)
     assert pods.running(launcher), pods.logs(launcher)[-3000:]
     # Still waiting for its workers, whose names do not resolve yet; it installed the operator's key
     # owner-only (the mount itself stays 0644 and read-only).
@@ -383,7 +393,7 @@ def test_indexed_job_trains_on_every_index_found_through_the_service(pods, tmp_p
         )
 
     master = start(0)
-    time.sleep(WORKERS_LATE_S)
+    pods.wait_for_log(master, WAITING_FOR_PEERS)
     assert pods.running(master), pods.logs(master)[-3000:]
     workers = [start(index) for index in range(1, completions)]
     # Rank 0 runs on index 0: read its environment, and every pod's argv, while it runs.

@@ -19,7 +19,7 @@ from gaudi_cluster.nodes import slurm as slurm_lists
 from train.checkpoints import COMPLETE_MARKER
 
 from tests.support.docker import wait_until
-from tests.support.slurm import JOB_DIR, NODES, SlurmCluster, SshWatch
+from tests.support.slurm import JOB_DIR, NODES, OUTPUT_MOUNT, SlurmCluster, SshWatch
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -193,12 +193,17 @@ def test_an_exported_hf_token_reaches_rank_0_and_no_command_line(slurm):
     """docs/slurm.md's way: HF_TOKEN exported before sbatch, GAUDI_CLUSTER_ENV_PASS=HF_TOKEN."""
     token = "hf_dummySlurmToken0123456789"
     digest = hashlib.sha256(token.encode()).hexdigest()[:16]
+    # Every rank stays up until the test has read every process's argv (the stop file in each node's
+    # output mount), not for a fixed time that a slow machine could outlast.
+    stop = "stop-hf-token-test"
     job_code = (
         "import hashlib, os, time\n"
         "seen = hashlib.sha256(os.environ.get('HF_TOKEN', '').encode()).hexdigest()[:16]\n"
         "if os.environ['RANK'] == '0':\n"
         "    print('token', seen, flush=True)\n"
-        "time.sleep(8)\n"
+        "deadline = time.monotonic() + 300\n"
+        f"while not os.path.exists('{OUTPUT_MOUNT}/{stop}') and time.monotonic() < deadline:\n"
+        "    time.sleep(0.1)\n"
     )
     job = slurm.submit(
         "python3", "-c", job_code, env={"GAUDI_CLUSTER_ENV_PASS": "HF_TOKEN"}, secrets={"HF_TOKEN": token}
@@ -210,6 +215,8 @@ def test_an_exported_hf_token_reaches_rank_0_and_no_command_line(slurm):
         host: slurm.exec(host, "sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '").stdout
         for host in (*NODES, "slurmctl")
     }
+    for node in NODES:
+        (slurm.output_dir(node) / stop).touch()
     state = slurm.wait_for_end(job, timeout=300)
     log = slurm.output(job)
     assert state == "COMPLETED", log[-4000:]

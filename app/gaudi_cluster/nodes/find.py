@@ -75,6 +75,8 @@ def find_nodes(
     if expected is not None:
         expected += config.spares
     if source.grows:
+        # Said once, before the first look: a master whose peers are not up yet is waiting, not hung.
+        log.info("waiting for peers via %s (%s expected)", named, expected if expected is not None else "any")
         peers = discovery.wait_for_peers(
             discover, expected, max(0.0, deadline - time.monotonic()), source=named
         )

@@ -225,6 +225,8 @@ def reach_nodes(
     if step is not None:
         log.info("inside Slurm job %d: probe, launch and clean-up through srun, no ssh", step.job_id)
         return SrunReach(step), nodes.spares
+    # Said before the first knock: a master whose nodes' sshd are not up yet is waiting, not hung.
+    log.info("waiting for sshd on port %d of %d node(s)", config.ssh_port, len(nodes.hosts))
     silent = ssh.wait_for_sshd(nodes.hosts, config.ssh_port, deadline)
     # A spare is not waited for: one that does not answer now is dropped, never delays the job.
     silent_spares = ssh.wait_for_sshd(nodes.spares, config.ssh_port, time.monotonic()) if nodes.spares else []

@@ -1,0 +1,71 @@
+"""One pass over every layer of an image (`docker save`, streamed): what the no-key-baked-in tests check.
+
+The old tests made two full passes per image (`docker export` of a container for the final filesystem's
+names, then `docker save` written to a temporary file and read back, every file's whole content read into
+memory). One streamed pass gives both: every name in every layer (a superset of the final filesystem's,
+since a file there comes from some layer, so a key a later layer deletes still counts) and every text
+file holding a private key. A file with a NUL in its first block is binary and skipped without reading
+the rest (the rule was already "no NUL anywhere"), so torch's shared objects cost only their tar blocks.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tarfile
+from dataclasses import dataclass, field
+
+# A PEM/OpenSSH private key block: the header, then base64 lines (binaries only hold the header string).
+PRIVATE_KEY_PEM = re.compile(
+    rb"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----\r?\n(?:[A-Za-z0-9+/=:, -]*\r?\n)*?[A-Za-z0-9+/=]{40,}\r?\n"
+)
+FIRST_BLOCK = 64 * 1024
+
+
+@dataclass
+class LayerScan:
+    """Every layer's member names (as `layer: name`) and the text files holding a private key."""
+
+    layers: int = 0
+    names: list[str] = field(default_factory=list)
+    private_keys: list[str] = field(default_factory=list)
+
+    def named(self, pattern: str) -> list[str]:
+        """The `layer: name` entries whose name matches the regular expression."""
+        found = re.compile(pattern)
+        return [entry for entry in self.names if found.search(entry.split(": ", 1)[1])]
+
+
+def holds_private_key(inner: tarfile.TarFile, member: tarfile.TarInfo) -> bool:
+    """A text file (no NUL anywhere) with a PEM/OpenSSH private key block in it."""
+    stream = inner.extractfile(member)
+    if stream is None:
+        return False
+    data = stream.read(FIRST_BLOCK)
+    if b"\0" in data:
+        return False
+    data += stream.read()
+    return b"PRIVATE KEY" in data and b"\0" not in data and PRIVATE_KEY_PEM.search(data) is not None
+
+
+def scan_layers(image: str, timeout_s: float = 900) -> LayerScan:
+    """Stream `docker save IMAGE` once and look into every layer.tar of it."""
+    scan = LayerScan()
+    with subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE) as proc:
+        assert proc.stdout is not None
+        with tarfile.open(fileobj=proc.stdout, mode="r|") as outer:
+            for layer in outer:
+                if not layer.name.endswith("layer.tar"):
+                    continue
+                scan.layers += 1
+                body = outer.extractfile(layer)
+                assert body is not None, layer.name
+                with tarfile.open(fileobj=body, mode="r|") as inner:
+                    for member in inner:
+                        scan.names.append(f"{layer.name}: {member.name}")
+                        if member.isfile() and member.size > 0 and holds_private_key(inner, member):
+                            scan.private_keys.append(f"{layer.name}: {member.name}")
+        proc.wait(timeout=timeout_s)
+    assert proc.returncode == 0, f"docker save {image} failed (exit {proc.returncode})"
+    assert scan.layers, f"docker save {image} produced no layers"
+    return scan
