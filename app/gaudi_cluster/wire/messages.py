@@ -41,7 +41,7 @@ class MessageType(enum.Enum):
     JOIN = "join"  # agent -> relay -> master: a rank asks for its seat
     SEATED = "seated"  # master -> relay -> agent: the rank may start
     BEAT = "beat"  # both ways: a sign of life (from an agent, its rank's progress)
-    BEATS = "beats"  # relay -> master: every rank of the node's beat, once a second
+    SUMMARY = "summary"  # relay -> master: every rank of the node, once a second
     EXIT = "exit"  # agent -> relay -> master: a rank ended
     GONE = "gone"  # relay -> master: an agent left without an exit
     STOP = "stop"  # master -> relay -> agent: stop the rank
@@ -214,24 +214,82 @@ class Beat:
 
 
 @dataclass(frozen=True, slots=True)
-class Beats:
-    """A relay's beat for every rank of its node (each entry names its rank)."""
+class Summary:
+    """A relay's word for every rank of its node, once a second: one flat list per hot field (the
+    master applies each by slice), a rank's median work per step and its steady fields only when
+    they changed, its work history in buckets every protocol.WORK_FLUSH_S."""
 
-    ranks: tuple[Beat, ...]
-    TYPE: ClassVar[MessageType] = MessageType.BEATS
+    ranks: tuple[int, ...]  # the node's ranks, in the order of the lists below
+    steps: tuple[int | None, ...]  # each rank's step (None: not known yet)
+    ages: tuple[float | None, ...]  # seconds since each rank's progress, by its node's clock
+    timed: tuple[int | None, ...]  # each rank's newest timed step: the straggler check's clock
+    medians: tuple[tuple[int, float | None], ...] = ()  # (rank, work_window.window_median): changed
+    steady: tuple[Beat, ...] = ()  # (rank and) max_steps, samples_per_step, last_line: changed
+    work: tuple[tuple[int, tuple[tuple[int, float, int], ...]], ...] = ()  # rank, (step, sum s, steps)
+    TYPE: ClassVar[MessageType] = MessageType.SUMMARY
 
     @classmethod
-    def parse(cls, message: Mapping[str, Any]) -> Beats:
-        ranks = message.get("ranks")
-        if type(ranks) is not list or len(ranks) > protocol.MAX_RANKS_PER_NODE:
-            raise BadMessage(f"ranks is not a list of at most {protocol.MAX_RANKS_PER_NODE} beats")
-        entries = []
-        for entry in ranks:
-            if type(entry) is not dict:
-                raise BadMessage("ranks holds something other than beats")
+    def parse(cls, message: Mapping[str, Any]) -> Summary:
+        ranks = _list_of(message, "ranks", protocol.MAX_RANKS_PER_NODE, _is_count)
+        size = len(ranks)
+        steps = _list_of(message, "steps", size, _is_count, size, nullable=True)
+        ages = _list_of(message, "ages", size, _is_number, size, nullable=True)
+        timed = _list_of(message, "timed", size, _is_count, size, nullable=True)
+        medians = []
+        for pair in _list_of(message, "medians", size, _is_pair):
+            rank, median = pair
+            if not _is_count(rank) or not (median is None or _is_number(median)):
+                raise BadMessage("medians holds something other than [rank, seconds or null] pairs")
+            medians.append((rank, None if median is None else float(median)))
+        steady = []
+        for entry in _list_of(message, "steady", size, lambda e: type(e) is dict):
             rank_of(entry)
-            entries.append(Beat.parse(entry))
-        return cls(tuple(entries))
+            steady.append(Beat.parse(entry))
+        work = []
+        for pair in _list_of(message, "work", size, _is_pair):
+            rank, buckets = pair
+            if not _is_count(rank) or type(buckets) is not list or len(buckets) > protocol.WORK_BUCKETS:
+                raise BadMessage(
+                    f"work holds something other than [rank, up to {protocol.WORK_BUCKETS} buckets]"
+                )
+            work.append((rank, tuple(_bucket(b) for b in buckets)))
+        return cls(
+            tuple(ranks), tuple(steps), tuple(float(a) if a is not None else None for a in ages),
+            tuple(timed), tuple(medians), tuple(steady), tuple(work),
+        )  # fmt: skip
+
+
+def _is_count(value: object) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _is_number(value: object) -> bool:
+    return type(value) in (int, float) and 0 <= value < math.inf  # type: ignore[operator]
+
+
+def _is_pair(value: object) -> bool:
+    return type(value) is list and len(value) == 2
+
+
+def _list_of(
+    message: Mapping[str, Any], name: str, most: int, good: Callable[[object], bool],
+    exactly: int | None = None, nullable: bool = False,
+) -> list[Any]:  # fmt: skip
+    value = message.get(name, [])
+    if type(value) is not list or len(value) > most or (exactly is not None and len(value) != exactly):
+        raise BadMessage(f"{name} is not a list of {exactly if exactly is not None else f'at most {most}'}")
+    if not all((nullable and item is None) or good(item) for item in value):
+        raise BadMessage(f"{name} holds a value of the wrong kind")
+    return value
+
+
+def _bucket(value: object) -> tuple[int, float, int]:
+    if type(value) is not list or len(value) != 3:
+        raise BadMessage("a work bucket is not [step, seconds, steps]")
+    step, seconds, steps = value
+    if not _is_count(step) or not _is_number(seconds) or not _is_count(steps) or steps == 0:
+        raise BadMessage("a work bucket is not [step, seconds, steps]")
+    return step, float(seconds), steps
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,16 +352,16 @@ class Stop:
         return cls(optional_number(message, "grace"), reason[:1024] if reason else None)
 
 
-Message = Challenge | Hello | Welcome | Proof | Refused | Join | Seated | Beat | Beats | Exit | Gone | Stop
+Message = Challenge | Hello | Welcome | Proof | Refused | Join | Seated | Beat | Summary | Exit | Gone | Stop
 _PARSERS: dict[str, Callable[[Mapping[str, Any]], Message]] = {
     kind.TYPE.value: kind.parse
-    for kind in (Challenge, Hello, Welcome, Proof, Refused, Join, Seated, Beat, Beats, Exit, Gone, Stop)
+    for kind in (Challenge, Hello, Welcome, Proof, Refused, Join, Seated, Beat, Summary, Exit, Gone, Stop)
 }
 
 # Which kinds each reader takes (anything else is dropped as unexpected).
 TO_MASTER_HANDSHAKE = frozenset({MessageType.HELLO, MessageType.PROOF})
 FROM_AGENT_SESSION = frozenset({MessageType.BEAT, MessageType.EXIT})  # an agent's own connection
-FROM_RELAY_SESSION = frozenset({MessageType.JOIN, MessageType.BEATS, MessageType.EXIT, MessageType.GONE})
+FROM_RELAY_SESSION = frozenset({MessageType.JOIN, MessageType.SUMMARY, MessageType.EXIT, MessageType.GONE})
 FROM_MASTER_HANDSHAKE = frozenset({MessageType.CHALLENGE, MessageType.WELCOME, MessageType.REFUSED})
 FROM_MASTER = frozenset({MessageType.SEATED, MessageType.REFUSED, MessageType.STOP, MessageType.BEAT})
 FROM_AGENT = frozenset({MessageType.JOIN, MessageType.BEAT, MessageType.EXIT})  # at the relay's socket
@@ -334,12 +392,15 @@ def parse_line(line: bytes, allowed: Collection[MessageType] = ANY) -> Message:
 
 def render(message: Message) -> dict[str, Any]:
     """A message's fields as its line carries them: what is None or empty is left out (a relay's
-    beats keep their list, even empty)."""
+    summary keeps its lists, even empty)."""
     out: dict[str, Any] = {"type": message.TYPE.value}
     for each in fields(message):
         value = getattr(message, each.name)
         if value is not None and value != ():
             out[each.name] = value
-    if isinstance(message, Beats):
-        out["ranks"] = [{k: v for k, v in render(entry).items() if k != "type"} for entry in message.ranks]
+    if isinstance(message, Summary):
+        out.update(ranks=message.ranks, steps=message.steps, ages=message.ages, timed=message.timed)
+        out.pop("steady", None)
+        if message.steady:
+            out["steady"] = [{k: v for k, v in render(e).items() if k != "type"} for e in message.steady]
     return out
