@@ -30,7 +30,10 @@ def over_the_wire(summary: messages.Summary) -> messages.Summary:
     return parsed  # type: ignore[return-value]
 
 
-def test_a_node_summary_gives_the_master_what_every_rank_beat_gives_it():
+def test_a_node_summary_gives_the_master_what_every_rank_beat_gives_it(monkeypatch):
+    # Buckets as fine as the pairs, so the histories compare bucket by bucket (coarser ones merge
+    # neighbouring steps: test_work_buckets_are_aligned_and_bounded).
+    monkeypatch.setattr(protocol, "WORK_BUCKETS", 64)
     rng = random.Random(33)
     named = 0
     for trial in range(12):
@@ -97,7 +100,7 @@ def test_a_summary_speaks_only_for_the_ranks_its_relay_seated():
     table.seat(mine)
     table.seat(theirs)
     lie = messages.Beat(rank=1, last_line="forged")
-    forged = messages.Summary((0, 1), (5, 99), (0.1, 0.1), (5, 99), medians=((1, 9.0),), steady=(lie,))
+    forged = messages.Summary((0, 1), (5, 99), (0.1, 0.1), (5, 99), medians=(None, 9.0), steady=(lie,))
     table.heard_summary({0: mine}, 3.0, forged)
     snap = table.table()
     assert (snap.step[0], snap.step[1], snap.median[1], snap.last_line[1]) == (5, None, None, "")
@@ -117,10 +120,16 @@ def test_a_bad_summary_is_dropped_with_its_reason():
     good = {"type": "summary", "ranks": [0, 1], "steps": [1, None], "ages": [0.5, None], "timed": [1, None]}
     assert messages.parse(good) == messages.Summary((0, 1), (1, None), (0.5, None), (1, None))
     for bad, why in (
-        ({**good, "steps": [1]}, "steps is not a list of 2"),
+        ({**good, "steps": [1]}, "steps is not a list of length 2"),
         ({**good, "ages": [-1.0, None]}, "ages holds a value of the wrong kind"),
-        ({**good, "medians": [[0, "x"]]}, "medians holds"),
-        ({**good, "work": [[0, [[1, 0.5, 0]]]]}, "a work bucket"),
+        ({**good, "timed": [True, None]}, "timed holds a value of the wrong kind"),
+        ({**good, "medians": [0.5, "x"]}, "medians holds"),
+        ({**good, "medians": [0.5]}, "medians is not a list of length 0 or 2"),
+        ({**good, "ages": [1e999, None]}, "ages holds"),
+        ({**good, "work": [[0, 1, 0.5, 0]]}, "a work bucket"),
+        ({**good, "work": [[0, 1, 0.5]]}, "work holds"),
+        ({**good, "work": [[0, 1.5, 0.5, 1]]}, "a work bucket"),
+        ({**good, "steady": [{"last_line": "x"}]}, "rank"),
         ({**good, "ranks": list(range(protocol.MAX_RANKS_PER_NODE + 1))}, "ranks is not a list"),
     ):
         try:

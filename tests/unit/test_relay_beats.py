@@ -39,9 +39,9 @@ def test_unchanged_fields_are_left_out_and_the_lists_always_go():
         "steps": [5, 5],
         "ages": [0.2, 0.3],
         "timed": [6, None],
-        "medians": [[0, 1.5]],
+        "medians": [1.5, None],
         "steady": [{"rank": 0, "max_steps": 40, "last_line": "loss 7.1"}],
-        "work": [[0, [[4, 1.5, 1], [5, 1.5, 1], [6, 1.0, 1]]]],  # the first work times go at once
+        "work": [[0, 4, 1.5, 1, 5, 1.5, 1, 6, 1.0, 1]],  # the first work times go at once
     }
     beats.record(0, beat(6, 1.2, [[7, 1.5]], max_steps=40))  # the median stays 1.5
     beats.record(1, beat(6, 0.1, [[6, 1.4]]))
@@ -60,18 +60,17 @@ def test_unchanged_fields_are_left_out_and_the_lists_always_go():
 def test_work_times_go_every_flush_interval_in_bounded_buckets():
     beats = NodeBeats()
     beats.record(3, beat(1, 0.0, [[1, 1.0]]))
-    assert rendered(beats, [3])["work"] == [[3, [[1, 1.0, 1]]]]
+    assert rendered(beats, [3])["work"] == [[3, 1, 1.0, 1]]
     for step in range(2, 400):
         beats.record(3, beat(step, 0.0, [[step, 1.0]]))
     assert "work" not in rendered(beats, [3], now=protocol.WORK_FLUSH_S - 1)  # held
-    ((rank, buckets),) = rendered(beats, [3], now=protocol.WORK_FLUSH_S)["work"]
-    assert rank == 3 and len(buckets) <= protocol.WORK_BUCKETS
-    assert sum(count for _, _, count in buckets) == 398  # every step counted
+    ((rank, *flat),) = rendered(beats, [3], now=protocol.WORK_FLUSH_S)["work"]
+    assert rank == 3 and len(flat) <= 3 * protocol.WORK_BUCKETS
+    assert sum(flat[2::3]) == 398  # every step counted
     beats.record(3, beat(401, 0.0, [[401, 2.0]]))
     assert rendered(beats, [3], now=protocol.WORK_FLUSH_S + 1).get("work") is None
-    assert messages.render(beats.message([3], protocol.WORK_FLUSH_S + 2, flush=True))["work"] == (
-        (3, ((401, 2.0, 1),)),
-    )
+    last = beats.message([3], protocol.WORK_FLUSH_S + 2, flush=True)  # its rank's exit: at once
+    assert messages.render(last)["work"] == [[3, 401, 2.0, 1]]
 
 
 def test_a_forgotten_rank_starts_afresh_and_a_rank_with_no_beat_yet_is_still_listed():

@@ -56,11 +56,12 @@ class NodeBeats:
             steps.append(latest.get("step"))
             ages.append(latest.pop("progress_age", None))  # a rank not heard since: its age runs on
             timed.append(recent[-1][0] if recent else None)
+            median = None  # unchanged (a median never goes back to None: the master starts there)
             if recent and sent.get("median_of") is not recent:  # a new pair: its median may have moved
                 sent["median_of"] = recent
-                if (median := window_median(recent)) != sent.get("median"):  # the master starts at None
-                    sent["median"] = median
-                    medians.append((rank, median))
+                if (new := window_median(recent)) != sent.get("median"):
+                    median = sent["median"] = new
+            medians.append(median)
             changed = {f: latest[f] for f in _STEADY if f in latest and sent.get(f, _UNSENT) != latest[f]}
             if changed:
                 sent.update(changed)
@@ -74,9 +75,8 @@ class NodeBeats:
             work = tuple(
                 (rank, buckets(pairs, most)) for rank in ranks if (pairs := self._work.pop(rank, None))
             )
-        return Summary(
-            tuple(ranks), tuple(steps), tuple(ages), tuple(timed), tuple(medians), tuple(steady), work
-        )
+        changed = tuple(medians) if any(m is not None for m in medians) else ()
+        return Summary(tuple(ranks), tuple(steps), tuple(ages), tuple(timed), changed, tuple(steady), work)
 
 
 def buckets(pairs: list[tuple[int, float]], most: int) -> tuple[tuple[int, float, int], ...]:

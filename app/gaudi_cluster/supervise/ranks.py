@@ -122,7 +122,13 @@ class RankTable:
                 return
             first, end = ranks[0], ranks[-1] + 1
             in_a_row = tuple(sorted(agents)) == ranks and end - first == len(ranks)
-            for name, values in (("step", summary.steps), ("timed", summary.timed)):
+            for name, values in (
+                ("step", summary.steps),
+                ("timed", summary.timed),
+                ("median", summary.medians),
+            ):
+                if not values:
+                    continue
                 if in_a_row and None not in values:
                     lists[name][first:end] = values
                 else:
@@ -134,9 +140,6 @@ class RankTable:
             else:
                 _put(lists["progress_age"], agents, ranks, ages)
                 _put(lists["progress_received"], agents, ranks, [None if a is None else now for a in ages])
-            for rank, median in summary.medians:
-                if rank in agents:
-                    lists["median"][rank] = median
             for entry in summary.steady:
                 if entry.rank in agents:
                     self._apply_steady(entry.rank, entry)

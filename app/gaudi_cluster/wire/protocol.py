@@ -39,9 +39,10 @@ LAST_LINE_CHARS = 160
 NODE_RANK = -1  # the rank a node relay's handshake MACs name: it speaks for all of its node's ranks
 MAX_RANKS_PER_NODE = 64  # ranks of one `summary` (a Gaudi server has 8 cards)
 # A relay sends its ranks' work times for the report every WORK_FLUSH_S, merged into at most
-# WORK_BUCKETS buckets a rank (fewer when a node has many ranks: a summary stays under MAX_LINE).
+# WORK_BUCKETS aligned buckets a rank (fewer when a node has many ranks: a summary stays under
+# MAX_LINE): the report keeps 256 points a rank anyway, and each pair parsed costs the master.
 WORK_FLUSH_S = 30.0
-WORK_BUCKETS = 64
+WORK_BUCKETS = 16
 WORK_BUCKETS_PER_NODE = 512
 
 
