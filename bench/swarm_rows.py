@@ -16,6 +16,7 @@ from bench.swarm_soak import SOAK_S
 _DETAILS = ("swarm_cpu_pct", "named_line", "error", "welcomed", "checkin_capped", "master_cpu_pct",
             "reset_named_s", "silence_named_s", "stop_all_s", "first_stop_s", "master_died_at_s")  # fmt: skip
 LARGEST = 1000  # where the issue's targets apply
+_FROM_CHECKINS = ("checkin_s", "handshake_failures")  # at the largest size run: the check-in-only runs
 OLD_LABEL = "the old server (96699ce: a thread per agent), interleaved"
 
 
@@ -115,11 +116,15 @@ def build(
             key = _key(name, nodes)
             cap = checkin_cap_s if name == "checkin_s" else None
             ours, theirs = _values(results, "ours", nodes, name), _values(results, "theirs", nodes, name)
+            if name in _FROM_CHECKINS and nodes == sizes[-1] and "checkins" not in parts:
+                ours = theirs = []  # the check-in-only runs' row: never rewritten from the scenarios' two
             if not ours:
                 errors = [f.get("error") for f in runs.values() if f.get("error")]
                 why = "; ".join(errors)[:300] or "no run finished in the budget"
                 if name == "master_rss_mb" and not errors:
                     why = "needs the fan-out's ssh clients and the scenarios' process (fanout,scenarios)"
+                if name in _FROM_CHECKINS and not errors:
+                    why = "needs the check-in-only runs (SWARM_PARTS=checkins)"
                 rows.append(failed_row(key, figure, why))
                 continue
             rows.append(

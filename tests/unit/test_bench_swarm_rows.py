@@ -39,10 +39,13 @@ def test_the_straggler_scenario_is_its_own_row_and_the_healthy_one_the_main_row(
 def test_a_rerun_without_the_fanout_keeps_the_earlier_rss_row(tmp_path):
     earlier = Row("swarm.master_rss_mb", "Master RSS with its children", "MB", stat([3667.0]), note="full")
     (tmp_path / "latest.json").write_text(json.dumps({"rows": [earlier.as_dict()]}))
-    rows = by_key(build(results(), [1000], 8, 10.0, 90.0, held_per_node={}))
+    rows = by_key(build(results(), [1000], 8, 10.0, 90.0, held_per_node={}, parts={"scenarios"}))
     assert rows["swarm.master_rss_mb"].ours.values == []  # never the process alone
     assert "fan-out" in rows["swarm.master_rss_mb"].note
     kept = by_key(keep_earlier(list(rows.values()), tmp_path))
     assert kept["swarm.master_rss_mb"].ours.values == [3667.0]
     assert "kept from an earlier run" in kept["swarm.master_rss_mb"].note
     assert kept["swarm.master_own_rss_mb"].ours.values == [52.0]  # what this run did measure
+    assert kept["swarm.master_cpu_pct"].ours.values == [8.0]
+    assert rows["swarm.checkin_s"].ours.values == []  # the check-in-only runs' row, not the scenarios'
+    assert "check-in-only" in rows["swarm.checkin_s"].note
