@@ -5,6 +5,9 @@ in another pinned to core 1; threads, descriptors, memory and CPU read from /pro
 Two runs per size, each against this tree's server and the old one (SWARM_OLD_APP, default
 /tmp/old-control/app: `git worktree add /tmp/old-control 96699ce`), interleaved: the first resets
 one node's connections after a steady window (CPU over STEADY_S), the second makes a node silent.
+The ranks are healthy (`swarm --work healthy`: a lognormal spread, a few per mille slow); at the
+largest size one more reset run has the straggler scenario (`--work stragglers`: a fifth of the
+ranks past 1.3x the median), its CPU its own row (swarm.master_cpu_pct_stragglers).
 
   python -m bench --only swarm
   python -m bench.swarm master ...   (the master's side of one run; the bench starts it)
@@ -156,7 +159,9 @@ def _footprint(pid: int) -> dict[str, float]:
 class _Run:
     """One master and one swarm, their JSON lines merged into one queue."""
 
-    def __init__(self, app: Path, nodes: int, straggler_check: bool = True, soak: bool = False) -> None:
+    def __init__(
+        self, app: Path, nodes: int, straggler_check: bool = True, soak: bool = False, work: str = "healthy"
+    ) -> None:
         # Ours speaks as the node relays do (one connection per node); the old server knows only ranks.
         env = {**os.environ, "SWARM_SECRET": secrets.token_hex(32), "PYTHONUNBUFFERED": "1"}
         self.events: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
@@ -172,7 +177,8 @@ class _Run:
         self.swarm = subprocess.Popen(
             [sys.executable, "-m", "gaudi_cluster_dev.swarm", "--port", str(port), "--job", JOB,
              "--nodes", str(nodes), "--per-node", str(PER_NODE), "--cpu", "1", "--steer",
-             "--deadline", str(400 + SOAK_S * soak), *(["--relays"] if app == NEW_APP else [])],
+             "--deadline", str(400 + SOAK_S * soak), "--work", work,
+             *(["--relays"] if app == NEW_APP else [])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             env={**env, "PYTHONPATH": f"{NEW_APP}:{DEV}"},
         )  # fmt: skip
@@ -223,11 +229,13 @@ class _Run:
             return {}
 
 
-def one_run(app: Path, nodes: int, scenario: str, straggler_check: bool = True) -> dict[str, Any]:
+def one_run(
+    app: Path, nodes: int, scenario: str, straggler_check: bool = True, work: str = "healthy"
+) -> dict[str, Any]:
     """checkin_s and the rest for one master of `app` against the swarm; scenario: reset or silence,
     checkin (check-in, then the run ends) or soak (the same after SOAK_S of beats, sampled)."""
     scenario = scenario.split(maxsplit=1)[0]  # "checkin 3": the third check-in-only run
-    run = _Run(app, nodes, straggler_check, soak=scenario == "soak")  # checkin, soak: ours only
+    run = _Run(app, nodes, straggler_check, soak=scenario == "soak", work=work)  # checkin, soak: ours only
     figures: dict[str, Any] = {}
     try:
         started = run.wait("swarm", "started", 60)["at"]
@@ -286,16 +294,19 @@ def run(ctx: Ctx) -> list[Row]:
     apps = {"ours": NEW_APP, **({"theirs": OLD_APP} if (OLD_APP / "gaudi_cluster").is_dir() else {})}
     results: dict[tuple[str, int, str], dict[str, Any]] = {}
 
-    def measure(side: str, nodes: int, scenario: str, straggler_check: bool = True) -> None:
+    def measure(
+        side: str, nodes: int, scenario: str, straggler_check: bool = True, work: str = "healthy"
+    ) -> None:
         if not ctx.can_start(60 + (SOAK_S if straggler_check else SHORT_SOAK_S) * (scenario == "soak")):
             return
-        label = scenario if straggler_check else f"{scenario} without the straggler check"
-        log(f"swarm: {nodes} nodes x {PER_NODE}, {label}, {side}")
+        key = scenario if straggler_check else f"{scenario}, no straggler check"
+        key += ", stragglers" if work == "stragglers" else ""
+        log(f"swarm: {nodes} nodes x {PER_NODE}, {key}, {side}")
         try:
-            found = one_run(apps[side], nodes, scenario, straggler_check)
+            found = one_run(apps[side], nodes, scenario, straggler_check, work)
         except Exception as error:  # one failed run is said in its rows, the others still count
             found = {"error": f"{type(error).__name__}: {error}"}
-        results[(side, nodes, scenario if straggler_check else f"{scenario}, no straggler check")] = found
+        results[(side, nodes, key)] = found
         log(f"swarm: {json.dumps(found)[:400]}")
 
     sizes = ONLY or SIZES
@@ -306,6 +317,7 @@ def run(ctx: Ctx) -> list[Row]:
                 if not results.get((side, nodes, "reset"), {}).get("checkin_capped"):
                     measure(side, nodes, scenario)
     if SIZES[-1] in sizes and "scenarios" in PARTS:
+        measure("ours", SIZES[-1], "reset", work="stragglers")  # the straggler path at its worst
         measure("ours", SIZES[-1], "reset", straggler_check=False)
         measure("ours", SIZES[-1], "silence", straggler_check=False)
     for i in range(CHECKINS if "checkins" in PARTS else 0):  # handshake failures over many runs
@@ -314,7 +326,9 @@ def run(ctx: Ctx) -> list[Row]:
         measure("ours", sizes[-1], "soak")
         if SIZES[-1] in sizes:
             measure("ours", SIZES[-1], "soak", straggler_check=False)
-    rows = build(results, sizes, PER_NODE, HEARTBEAT_S, CHECKIN_CAP_S, swarm_fanout.held_per_node(fanout))
+    rows = build(
+        results, sizes, PER_NODE, HEARTBEAT_S, CHECKIN_CAP_S, swarm_fanout.held_per_node(fanout), PARTS
+    )
     rows += swarm_fanout.rows(fanout)
     if ONLY or set(ALL_PARTS) != PARTS:
         rows = keep_earlier(rows, RESULTS)

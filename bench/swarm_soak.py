@@ -66,12 +66,12 @@ class BeatSampler:
         slot = time.monotonic()
         while not self._done.wait(max(0.0, slot + random.uniform(0, self.every_s) - time.monotonic())):
             slot += self.every_s
-            agents = self.server.agents()
+            table = self.server.table()  # the lists, as the supervisor reads them
             now = time.monotonic()
-            for agent in agents:
-                if agent.exited:
+            for rank in table.ranks:
+                if table.exited[rank]:
                     continue
-                age = now - agent.last_seen
+                age = now - table.last_seen[rank]
                 self.ages[int(age / BIN_S)] += 1
                 self.oldest = max(self.oldest, age)
             self.samples += 1

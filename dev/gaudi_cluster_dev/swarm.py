@@ -3,9 +3,9 @@
 Every simulated peer speaks the real protocol (`gaudi_cluster.wire.protocol`): the challenge, a
 hello naming its node and host, the master's welcome checked against its node's key, the proof,
 then sealed messages. With --relays (what the agents do since one connection per node) each node
-is one peer, its relay: it joins its R ranks, beats once a second for all of them (work times of two
-steps a second per rank, unchanged fields left out, as `rank.relay_beats` does) and answers the
-master's stop with every rank's exit. Without it (what an older master speaks) every rank is a peer
+is one peer, its relay: it joins its R ranks, sends once a second the node's `summary` (two steps a
+second per rank, each agent's beat recorded into the real `rank.relay_beats.NodeBeats`) and answers
+the master's stop with every rank's exit. Without it (what an older master speaks) every rank is a peer
 of its own. Node i connects from its own loopback address (127.1.x.y), so the master's per-address
 admission works as on a training network. One thread and a selector: 8,000 ranks fit one core,
 where 8,000 agent processes would not fit the machine.
@@ -17,6 +17,11 @@ Lines on stdin steer it: `reset I` (node I's connections reset, as when it crash
 happened as JSON lines on stdout (`started`, `welcomed`, `stopped`, `reset`, `silenced`, `report`)
 with CLOCK_MONOTONIC times, comparable with the master's on the same host; --report FILE gets the
 final counts too.
+
+--work sets the ranks' work per step: `healthy` (the default: a real job's spread, lognormal around
+0.4 s, and a few per mille of ranks 1.6x slow, each a straggler the master names) or `stragglers`
+(0.4 + 1e-4 x rank s: every rank past the first fifth more than 1.3x the median, a load no real job
+has, for the master's straggler path at its worst).
 """
 
 from __future__ import annotations
@@ -25,24 +30,49 @@ import argparse
 import contextlib
 import heapq
 import json
+import math
 import os
+import random
 import selectors
 import signal
 import socket
 import struct
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from gaudi_cluster.rank import agent_beat
+from gaudi_cluster.rank.relay_beats import NodeBeats
 from gaudi_cluster.wire import messages, protocol
 from gaudi_cluster.wire.channel import LineBuffer, encode
 
 from gaudi_cluster_dev.swarm_plan import SwarmPlan
 
 RETRY_S = 0.5  # as the real agent: a refused or cut handshake is tried again after this
+WORK_S = 0.4  # a rank's typical work per step
+SPREAD = 0.05  # sigma of the lognormal spread, rank to rank and step to step
+SLOW_SHARE = 0.003  # healthy: ranks 1.6x slow (a few per mille, as a worn device or a hot card)
+SLOW_FACTOR = 1.6
+
+
+class WorkTimes:
+    """Each rank's seconds of work per step (seeded: one run's ranks are the next run's)."""
+
+    def __init__(self, kind: str, ranks: int, seed: int = 33) -> None:
+        self.kind, self.rng = kind, random.Random(seed)
+        self.speed = [WORK_S * self.rng.lognormvariate(0.0, SPREAD) for _ in range(ranks)]
+        for rank in self.rng.sample(range(ranks), math.ceil(SLOW_SHARE * ranks) if ranks >= 100 else 0):
+            self.speed[rank] *= SLOW_FACTOR
+        self.slow = sorted(r for r in range(ranks) if self.speed[r] > WORK_S * (SLOW_FACTOR - 0.2))
+
+    def seconds(self, rank: int) -> float:
+        if self.kind == "stragglers":
+            return 0.4 + 0.0001 * rank
+        return round(self.speed[rank] * self.rng.lognormvariate(0.0, SPREAD), 4)
+
+
 _OVER = ("done", "reset")
 
 
@@ -72,13 +102,16 @@ class Rank:
         self.session: protocol.Session | None = None
         self.step = self.sent_upto = self.seated = 0
         self.silent = False
+        self.beats = NodeBeats()  # a relay's: what its node's summary says
 
 
 class Swarm:
     def __init__(
-        self, plan: SwarmPlan, port: int, job: str, secret: str, out: Any = sys.stdout, relays: bool = False
-    ) -> None:
+        self, plan: SwarmPlan, port: int, job: str, secret: str, out: Any = sys.stdout, relays: bool = False,
+        work: str = "healthy",
+    ) -> None:  # fmt: skip
         self.plan, self.port, self.job, self.out = plan, port, job, out
+        self.work = WorkTimes(work, plan.ranks)
         self.keys = [protocol.node_key(secret, plan.node(i)) for i in range(plan.nodes)]
         per = plan.per_node
         if relays:
@@ -110,6 +143,7 @@ class Swarm:
         sock.setblocking(False)
         sock.connect_ex(("127.0.0.1", self.port))
         rank.sock, rank.state, rank.lines, rank.session = sock, "connecting", LineBuffer(), None
+        rank.beats = NodeBeats()  # a new connection: the master knows nothing of it yet
         self.selector.register(sock, selectors.EVENT_READ, rank)
 
     def drop(self, rank: Rank, state: str, reset: bool = False) -> None:
@@ -223,22 +257,21 @@ class Swarm:
             return
         if not rank.silent:
             rank.step += 2  # two steps a second, each with its work time
-            first = rank.sent_upto == 0
             entries = []
             for number in rank.ranks:
-                work = [[s, 0.4 + 0.0001 * number] for s in (rank.step - 1, rank.step)]
+                work = [[s, self.work.seconds(number)] for s in (rank.step - 1, rank.step)]
                 progress = {"step": rank.step, "t": time.time(), "max_steps": 10**6, "samples_per_step": 64}
                 message, _ = agent_beat.beat(
                     {**progress, "work": work}, rank.sent_upto, 0.0, time.time(), "loss"
                 )
-                if rank.relay and not first:  # what a relay leaves out once the master has it
-                    message = replace(message, max_steps=None, samples_per_step=None, last_line=None)
-                entries.append(replace(message, rank=number))
+                entries.append(message)
             rank.sent_upto = rank.step
             if rank.relay:
-                self.send(rank, messages.Beats(tuple(entries)))
+                for number, message in zip(rank.ranks, entries, strict=True):
+                    rank.beats.record(number, message)
+                self.send(rank, rank.beats.message(rank.ranks, now))
             else:
-                self.send(rank, replace(entries[0], rank=None))
+                self.send(rank, entries[0])
             self.counts.beats_sent += 1
         heapq.heappush(self.timers, (now + 1.0, rank.number, "beat"))
 
@@ -319,11 +352,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu", type=int, help="pin to this core")
     parser.add_argument("--steer", action="store_true", help="take commands on stdin")
     parser.add_argument("--relays", action="store_true", help="one connection per node, as the node relay")
+    parser.add_argument("--work", choices=("healthy", "stragglers"), default="healthy", help="work per step")
     args = parser.parse_args(argv)
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
     plan, secret = SwarmPlan(args.nodes, args.per_node), os.environ["SWARM_SECRET"]
-    swarm = Swarm(plan, args.port, args.job, secret, relays=args.relays)
+    swarm = Swarm(plan, args.port, args.job, secret, relays=args.relays, work=args.work)
+    swarm.say("slow_ranks", ranks=swarm.work.slow if args.work == "healthy" else [])
     signal.signal(signal.SIGTERM, lambda *_: setattr(swarm, "quitting", True))
     try:
         swarm.run(args.deadline, sys.stdin if args.steer else None)

@@ -124,8 +124,8 @@ def test_the_masters_session_drops_every_line_and_the_seat_stays(server, caplog,
                 channel._sock.sendall(channel.session.seal_line(sealable(line)))
             sent += 1
     assert until(lambda: refusals(server, caplog) - before >= sent), (refusals(server, caplog) - before, sent)
-    beat = messages.Beat(step=9, progress_age=0.0, rank=0 if role == "node" else None)
-    channel.send(messages.Beats((beat,)) if role == "node" else beat)
+    beat = messages.Beat(step=9, progress_age=0.0)
+    channel.send(messages.Summary((0,), (9,), (0.0,), (None,)) if role == "node" else beat)
     assert until(lambda: [a.step for a in server.agents()] == [9])
     assert server.events.empty()  # no exit, no loss: the job goes on
     assert not channel.closed

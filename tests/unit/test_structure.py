@@ -91,6 +91,7 @@ PURE = {
     "gaudi_cluster.wire.host_name",
     "gaudi_cluster.wire.private_args",
     "gaudi_cluster.wire.workload_events",
+    "gaudi_cluster.wire.work_window",
     "gaudi_cluster.rank.agent_beat",
 }
 EDGES = {"subprocess", "socket", "threading", "shutil", "glob", "tempfile"}

@@ -3,11 +3,12 @@
 The first agent of a job on a node starts it (`relay_join`); it authenticates to the master as the
 node (role "node", the node's key from the private file), then listens on a Unix socket in the
 job's directory (0700, and every peer's uid checked) for the node's agents. Each agent's lines come
-to the relay; the master gets one `beats` message a second for the whole node (fields unchanged since
-the last one left out), each rank's exit at once, and `gone` for an agent that left without one. The
-master's stops and beats go to every agent, so an agent keeps its own rules: it stops its rank when
-the master's beats stop or its link closes. The relay ends once its last agent has left (or the
-master has: then every agent is cut off, which stops its rank at once).
+to the relay; the master gets one `summary` a second for the whole node (`relay_beats`: what the
+master's per-rank bookkeeping would work out, at a per-node cost), each rank's exit at once, and
+`gone` for an agent that left without one. The master's stops and beats go to every agent, so an
+agent keeps its own rules: it stops its rank when the master's beats stop or its link closes. The
+relay ends once its last agent has left (or the master has: then every agent is cut off, which
+stops its rank at once).
 
     python -m gaudi_cluster.rank.relay --job-id J --job-root R --control HOST:PORT --heartbeat-timeout S
 
@@ -140,7 +141,7 @@ class Relay:
         """Once a second: the node's beats to the master; the relay's end once its agents are gone."""
         while not self.done.wait(protocol.BEAT_INTERVAL_S):
             with self.lock:
-                beats = self.beats.message(sorted(self.links))
+                beats = self.beats.message(sorted(self.links), time.monotonic())
                 idle = not self.links and not self.joining
             self.send_master(beats)
             if idle and self.joined_any and time.monotonic() - self.last_leave > LINGER_S:
@@ -195,6 +196,10 @@ class Relay:
                     self.beats.record(link.rank, message)
             elif isinstance(message, messages.Exit):
                 link.exited = True
+                with self.lock:  # its work times not yet sent go first: the report has every step
+                    last = self.beats.message([link.rank], time.monotonic(), flush=True)
+                if last.work:
+                    self.send_master(last)
                 self.send_master(replace(message, rank=link.rank))
 
     def _leave(self, link: _Link) -> None:

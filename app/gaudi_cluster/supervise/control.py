@@ -31,7 +31,7 @@ from gaudi_cluster.supervise.admission import Gate, Handshake, Refused, Seat
 from gaudi_cluster.supervise.ranks import RankTable
 from gaudi_cluster.supervise.serving import Connection, SelectorServer
 from gaudi_cluster.view.history import WorkHistory
-from gaudi_cluster.view.jobview import AgentState
+from gaudi_cluster.view.jobview import AgentState, RankSnapshot
 from gaudi_cluster.wire import messages, protocol
 from gaudi_cluster.wire.channel import encode
 
@@ -116,6 +116,10 @@ class ControlServer(SelectorServer):
     def agents(self) -> list[AgentState]:
         """A snapshot of every agent's state (copies)."""
         return self.ranks.snapshot()
+
+    def table(self) -> RankSnapshot:
+        """Every seated rank's fields now, as flat lists (what the supervisor reads each second)."""
+        return self.ranks.table()
 
     def running(self) -> list[int]:
         """The connected ranks not yet accounted for (no copy of their states)."""
@@ -288,13 +292,13 @@ class ControlServer(SelectorServer):
         self.events.put(event)
 
     def _record_for_node(self, conn: _Agent, message: messages.Message) -> None:
-        """A relay's message: a rank joining, the node's beats, a rank's exit or its agent gone."""
+        """A relay's message: a rank joining, the node's summary, a rank's exit or its agent gone."""
         now = self._clock()
         if isinstance(message, messages.Join):
             self._join(conn, message)
             return
-        if isinstance(message, messages.Beats):
-            self.ranks.heard_node(conn.ranks, now, message.ranks)
+        if isinstance(message, messages.Summary):
+            self.ranks.heard_summary(conn.ranks, now, message)
             return
         self.ranks.heard(conn.ranks.values(), now)
         if not isinstance(message, messages.Exit | messages.Gone) or message.rank is None:

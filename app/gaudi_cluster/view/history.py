@@ -51,21 +51,30 @@ class WorkHistory:
             if len(keys) > self.capacity:
                 self._halve()
 
-    def _add(self, key: int, seconds: float) -> None:
+    def add_buckets(self, buckets: Iterable[tuple[int, float, int]]) -> None:
+        """(first step, seconds summed, steps) from a node relay (its buckets are aligned on a power
+        of two, so each falls within one of ours once ours are as wide; until then, into the one of
+        its first step)."""
+        for step, total, count in buckets:
+            self._add(int(step) // self.width, float(total), int(count))
+            if len(self._keys) > self.capacity:
+                self._halve()
+
+    def _add(self, key: int, seconds: float, count: int = 1) -> None:
         keys = self._keys
         if not keys or key > keys[-1]:  # the usual case: a later step
             keys.append(key)
             self._sums.append(seconds)
-            self._counts.append(1)
+            self._counts.append(count)
             return
         at = len(keys) - 1 if key == keys[-1] else bisect.bisect_left(keys, key)
         if keys[at] == key:
             self._sums[at] += seconds
-            self._counts[at] += 1
+            self._counts[at] += count
         else:  # an earlier step arriving late (a resent beat): its own bucket, in order
             keys.insert(at, key)
             self._sums.insert(at, seconds)
-            self._counts.insert(at, 1)
+            self._counts.insert(at, count)
 
     def _halve(self) -> None:
         """Double the width: buckets 2k and 2k+1 become bucket k."""

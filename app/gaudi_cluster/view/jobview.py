@@ -11,11 +11,12 @@ unlucky scheduling slice on a shared host would pass for a slow device. The stat
 from __future__ import annotations
 
 import bisect
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from gaudi_cluster.view.history import WorkHistory
+from gaudi_cluster.wire.work_window import window_median
 
 
 @dataclass
@@ -58,10 +59,64 @@ class AgentState:
         return self.progress_age + (now - self.progress_received)
 
 
+@dataclass(frozen=True)
+class RankSnapshot:
+    """Every seated rank's hot fields at one moment: flat lists indexed by rank (the control server
+    copies its own by slice, under its lock, once a second), and `ranks`, the seated ones. What the
+    live view, the straggler check and the stuck check read; `agents()` for the rarer readers."""
+
+    ranks: tuple[int, ...]
+    host: list[str]
+    local_rank: list[int]
+    pid: list[int]
+    exited: list[bool]
+    last_seen: list[float]
+    step: list[int | None]
+    progress_age: list[float | None]
+    progress_received: list[float | None]
+    median: list[float | None]  # median_work's answer
+    timed: list[int | None]  # the newest timed step
+    max_steps: list[int | None]
+    samples_per_step: list[int | None]
+    last_line: list[str]
+
+    @classmethod
+    def of_agents(cls, agents: Sequence[AgentState]) -> RankSnapshot:
+        size = max((a.rank for a in agents), default=-1) + 1
+        lists: dict[str, list[Any]] = {name: [None] * size for name in _PER_RANK}
+        for agent in agents:
+            for name in _PER_RANK:
+                lists[name][agent.rank] = getattr(agent, name, None)
+            lists["median"][agent.rank] = median_work(agent)
+            lists["timed"][agent.rank] = agent.recent_work[-1][0] if agent.recent_work else None
+        return cls(tuple(a.rank for a in agents), **lists)
+
+    def agents(self) -> list[AgentState]:
+        out = []
+        for r in self.ranks:
+            agent = AgentState(
+                self.host[r], r, self.pid[r], self.last_seen[r], self.step[r], self.progress_age[r],
+                self.progress_received[r], self.exited[r], self.local_rank[r], self.max_steps[r],
+                self.samples_per_step[r], self.last_line[r],
+            )  # fmt: skip
+            agent.work_median, agent.median_of = self.median[r], agent.recent_work  # no pairs: its median
+            out.append(agent)
+        return out
+
+    def age_now(self, rank: int, now: float) -> float | None:
+        age, received = self.progress_age[rank], self.progress_received[rank]
+        return None if age is None or received is None else age + (now - received)
+
+
+_PER_RANK = tuple(name for name in RankSnapshot.__dataclass_fields__ if name != "ranks")
+
+
+def snapshot_of(agents: Sequence[AgentState] | RankSnapshot) -> RankSnapshot:
+    return agents if isinstance(agents, RankSnapshot) else RankSnapshot.of_agents(agents)
+
+
 SLOW_RATIO = 1.3
-SUSTAIN = 5  # new steps in a row the rank must stay slow (each judged over the last WINDOW steps)
-WINDOW = 8
-WARMUP_STEPS = 3  # first steps (graph compile, allocator, caches) say nothing about a device's speed
+SUSTAIN = 5  # new steps in a row the rank must stay slow (each judged over work_window.WINDOW steps)
 RATE_WINDOW_S = 30.0
 
 
@@ -69,11 +124,7 @@ def median_work(agent: AgentState) -> float | None:
     """The median of a rank's last WINDOW timed steps; computed once per new step (cached on the
     state: the live view and the straggler check ask for every rank every second)."""
     if agent.median_of is not agent.recent_work:
-        tail = agent.recent_work[-WINDOW:]
-        if not tail or tail[0][0] <= WARMUP_STEPS:  # warm-up steps among them: leave those out
-            tail = tuple((step, s) for step, s in agent.recent_work if step > WARMUP_STEPS)[-WINDOW:]
-        recent = [seconds for _, seconds in tail]
-        agent.work_median = statistics.median(recent) if len(recent) >= 3 else None
+        agent.work_median = window_median(agent.recent_work)
         agent.median_of = agent.recent_work
     return agent.work_median
 
@@ -102,27 +153,24 @@ class StragglerWatch:
     judged_step: dict[int, int] = field(default_factory=dict)  # a rank's newest step already judged
     flagged: dict[int, Straggler] = field(default_factory=dict)
 
-    def check(self, agents: Sequence[AgentState]) -> list[Straggler]:
-        works = {a.rank: w for a in agents if not a.exited and (w := median_work(a)) is not None}
+    def check(self, agents: Sequence[AgentState] | RankSnapshot) -> list[Straggler]:
+        table = snapshot_of(agents)
+        median, exited, timed = table.median, table.exited, table.timed
+        works = {r: w for r in table.ranks if not exited[r] and (w := median[r]) is not None}
         ordered = sorted(works.values())  # each rank's "median of the others" is read from this one list
         new: list[Straggler] = []
-        for agent in agents:
-            mine = works.get(agent.rank)
-            newest = agent.recent_work[-1][0] if agent.recent_work else None
-            if (
-                mine is None
-                or len(ordered) < 2
-                or newest is None
-                or newest == self.judged_step.get(agent.rank)
-            ):
+        for rank in table.ranks:
+            mine = works.get(rank)
+            newest = timed[rank]
+            if mine is None or len(ordered) < 2 or newest is None or newest == self.judged_step.get(rank):
                 continue
-            self.judged_step[agent.rank] = newest
+            self.judged_step[rank] = newest
             typical = median_without(ordered, mine)
             slow = typical > 0 and mine > SLOW_RATIO * typical
-            self.streak[agent.rank] = self.streak.get(agent.rank, 0) + 1 if slow else 0
-            if self.streak[agent.rank] >= SUSTAIN and agent.rank not in self.flagged:
-                self.flagged[agent.rank] = Straggler(agent.host, agent.rank, agent.local_rank, mine, typical)
-                new.append(self.flagged[agent.rank])
+            self.streak[rank] = self.streak.get(rank, 0) + 1 if slow else 0
+            if self.streak[rank] >= SUSTAIN and rank not in self.flagged:
+                self.flagged[rank] = Straggler(table.host[rank], rank, table.local_rank[rank], mine, typical)
+                new.append(self.flagged[rank])
         return new
 
 
@@ -163,25 +211,28 @@ def _duration(seconds: float) -> str:
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
-def live_line(agents: Sequence[AgentState], elapsed: float, rate: RateMeter) -> str:
+def live_line(agents: Sequence[AgentState] | RankSnapshot, elapsed: float, rate: RateMeter) -> str:
     """`step 120/400 (30%) · 85.3 samples/s · elapsed 2:10 · ETA 4:40 · slowest: rank 2 on w2 0.41s`"""
-    steps = [a.step for a in agents if a.step is not None]
+    table = snapshot_of(agents)
+    steps = [s for r in table.ranks if (s := table.step[r]) is not None]
     if not steps:
-        return f"waiting for the first step · {len(agents)} ranks checked in · elapsed {_duration(elapsed)}"
+        return (
+            f"waiting for the first step · {len(table.ranks)} ranks checked in · elapsed {_duration(elapsed)}"
+        )
     step = min(steps)
-    total = max((a.max_steps for a in agents if a.max_steps), default=None)
+    total = max((m for r in table.ranks if (m := table.max_steps[r])), default=None)
     parts = [f"step {step}/{total} ({100 * step / total:.0f}%)" if total else f"step {step}"]
     per_second = rate.steps_per_second()
-    samples = max((a.samples_per_step for a in agents if a.samples_per_step), default=None)
+    samples = max((n for r in table.ranks if (n := table.samples_per_step[r])), default=None)
     if per_second and samples:
         parts.append(f"{per_second * samples:.1f} samples/s")
     parts.append(f"elapsed {_duration(elapsed)}")
     if per_second and total:
         parts.append(f"ETA {_duration((total - step) / per_second)}")
-    timed = [(w, a) for a in agents if (w := median_work(a)) is not None]
+    timed = [(w, r) for r in table.ranks if (w := table.median[r]) is not None]
     if timed:
         work, slowest = max(timed, key=lambda pair: pair[0])
-        parts.append(f"slowest: rank {slowest.rank} on {slowest.host} {work:.2f}s")
+        parts.append(f"slowest: rank {slowest} on {table.host[slowest]} {work:.2f}s")
     return " · ".join(parts)
 
 

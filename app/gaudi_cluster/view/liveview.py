@@ -16,7 +16,15 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from gaudi_cluster.view.figures import JobFigures, job_figures
-from gaudi_cluster.view.jobview import AgentState, RateMeter, StragglerWatch, live_line, status_rows
+from gaudi_cluster.view.jobview import (
+    AgentState,
+    RankSnapshot,
+    RateMeter,
+    StragglerWatch,
+    live_line,
+    snapshot_of,
+    status_rows,
+)
 
 CLEAR = "\r\x1b[K"
 PROGRESS_SHOWN_S = 5.0  # a bar not redrawn for this long has ended (or stalled): the line drops it
@@ -62,13 +70,14 @@ class LiveView:
             return ""
         return " · " + shown[0]
 
-    def tick(self, agents: Sequence[AgentState]) -> None:
+    def tick(self, agents: Sequence[AgentState] | RankSnapshot) -> None:
         """Called often; does its work once a second."""
         now = self.clock()
         if now - self._last_check < 1.0:
             return
         self._last_check = now
-        steps = [a.step for a in agents if a.step is not None]
+        agents = snapshot_of(agents)
+        steps = [s for r in agents.ranks if (s := agents.step[r]) is not None]
         first_step = bool(steps) and not self.rate.points  # the meter holds every step seen since
         if steps:
             self.rate.add(now, min(steps))

@@ -41,7 +41,7 @@ class MessageType(enum.Enum):
     JOIN = "join"  # agent -> relay -> master: a rank asks for its seat
     SEATED = "seated"  # master -> relay -> agent: the rank may start
     BEAT = "beat"  # both ways: a sign of life (from an agent, its rank's progress)
-    BEATS = "beats"  # relay -> master: every rank of the node's beat, once a second
+    SUMMARY = "summary"  # relay -> master: every rank of the node, once a second
     EXIT = "exit"  # agent -> relay -> master: a rank ended
     GONE = "gone"  # relay -> master: an agent left without an exit
     STOP = "stop"  # master -> relay -> agent: stop the rank
@@ -214,24 +214,84 @@ class Beat:
 
 
 @dataclass(frozen=True, slots=True)
-class Beats:
-    """A relay's beat for every rank of its node (each entry names its rank)."""
+class Summary:
+    """A relay's word for every rank of its node, once a second: one flat list per hot field (the
+    master applies each by slice; None: not known, or unchanged), a rank's median work per step and
+    its steady fields only when they changed, its work history in buckets every WORK_FLUSH_S.
+    On the line every list is flat (a work entry is [rank, step, seconds, steps, step, ...]): a JSON
+    list of numbers is what a parser reads fastest."""
 
-    ranks: tuple[Beat, ...]
-    TYPE: ClassVar[MessageType] = MessageType.BEATS
+    ranks: tuple[int, ...]  # the node's ranks, in the order of the lists below
+    steps: tuple[int | None, ...]  # each rank's step
+    ages: tuple[float | None, ...]  # seconds since each rank's progress, by its node's clock
+    timed: tuple[int | None, ...]  # each rank's newest timed step: the straggler check's clock
+    medians: tuple[float | None, ...] = ()  # work_window.window_median, where it changed; () none did
+    steady: tuple[Beat, ...] = ()  # (rank and) max_steps, samples_per_step, last_line: changed
+    work: tuple[tuple[int, tuple[tuple[int, float, int], ...]], ...] = ()  # rank, (step, sum s, steps)
+    TYPE: ClassVar[MessageType] = MessageType.SUMMARY
 
     @classmethod
-    def parse(cls, message: Mapping[str, Any]) -> Beats:
-        ranks = message.get("ranks")
-        if type(ranks) is not list or len(ranks) > protocol.MAX_RANKS_PER_NODE:
-            raise BadMessage(f"ranks is not a list of at most {protocol.MAX_RANKS_PER_NODE} beats")
-        entries = []
-        for entry in ranks:
-            if type(entry) is not dict:
-                raise BadMessage("ranks holds something other than beats")
-            rank_of(entry)
-            entries.append(Beat.parse(entry))
-        return cls(tuple(entries))
+    def parse(cls, message: Mapping[str, Any]) -> Summary:
+        ranks = _numbers(message, "ranks", None, int)
+        size = len(ranks)
+        if size > protocol.MAX_RANKS_PER_NODE:
+            raise BadMessage(f"ranks is not a list of at most {protocol.MAX_RANKS_PER_NODE}")
+        medians = _numbers(message, "medians", (0, size), float, nullable=True)
+        steady = message.get("steady", [])
+        if type(steady) is not list or len(steady) > size or not all(type(e) is dict for e in steady):
+            raise BadMessage("steady is not a list of a beat's fields per rank")
+        work = message.get("work", [])
+        if type(work) is not list or len(work) > size:
+            raise BadMessage("work is not a list of [rank, step, seconds, steps, ...] per rank")
+        return cls(
+            tuple(ranks), tuple(_numbers(message, "steps", (size,), int, nullable=True)),
+            _floats(_numbers(message, "ages", (size,), float, nullable=True)),
+            tuple(_numbers(message, "timed", (size,), int, nullable=True)), _floats(medians),
+            tuple(_steady(entry) for entry in steady),
+            tuple(_work(entry) for entry in work),
+        )  # fmt: skip
+
+
+_NONE = type(None)
+_KINDS = {int: {int}, float: {int, float}}
+
+
+def _numbers(
+    message: Mapping[str, Any], name: str, sizes: tuple[int, ...] | None, kind: type, nullable: bool = False
+) -> list[Any]:
+    """A list of non-negative finite numbers of this kind (None too when nullable), its length one
+    of sizes (any: None), checked at C speed where it can be: a summary is 1,000 lines a second."""
+    value = message.get(name, [])
+    if type(value) is not list or (sizes is not None and len(value) not in sizes):
+        length = "" if sizes is None else f" of length {' or '.join(map(str, sizes))}"
+        raise BadMessage(f"{name} is not a list{length}")
+    kinds = set(map(type, value))
+    if not kinds <= (_KINDS[kind] | {_NONE} if nullable else _KINDS[kind]):
+        raise BadMessage(f"{name} holds a value of the wrong kind")
+    known = [v for v in value if v is not None] if _NONE in kinds else value
+    if known and (min(known) < 0 or (kind is float and max(known) == math.inf)):
+        raise BadMessage(f"{name} holds a value of the wrong kind")
+    return value
+
+
+def _steady(entry: Mapping[str, Any]) -> Beat:
+    rank_of(entry)  # a steady entry names its rank
+    return Beat.parse(entry)
+
+
+def _floats(values: list[int | float | None]) -> tuple[float | None, ...]:
+    return tuple(None if v is None else float(v) for v in values)
+
+
+def _work(entry: object) -> tuple[int, tuple[tuple[int, float, int], ...]]:
+    """[rank, step, seconds, steps, step, ...] as (rank, ((step, seconds, steps), ...))."""
+    flat = _numbers({"work": entry}, "work", None, float)
+    if len(flat) % 3 != 1 or len(flat) > 1 + 3 * protocol.WORK_BUCKETS or type(flat[0]) is not int:
+        raise BadMessage(f"work holds something other than [rank, up to {protocol.WORK_BUCKETS} buckets]")
+    steps, counts = flat[1::3], flat[3::3]
+    if not set(map(type, steps + counts)) <= {int} or 0 in counts:
+        raise BadMessage("a work bucket is not step, seconds, steps")
+    return flat[0], tuple(zip(steps, map(float, flat[2::3]), counts, strict=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,16 +354,16 @@ class Stop:
         return cls(optional_number(message, "grace"), reason[:1024] if reason else None)
 
 
-Message = Challenge | Hello | Welcome | Proof | Refused | Join | Seated | Beat | Beats | Exit | Gone | Stop
+Message = Challenge | Hello | Welcome | Proof | Refused | Join | Seated | Beat | Summary | Exit | Gone | Stop
 _PARSERS: dict[str, Callable[[Mapping[str, Any]], Message]] = {
     kind.TYPE.value: kind.parse
-    for kind in (Challenge, Hello, Welcome, Proof, Refused, Join, Seated, Beat, Beats, Exit, Gone, Stop)
+    for kind in (Challenge, Hello, Welcome, Proof, Refused, Join, Seated, Beat, Summary, Exit, Gone, Stop)
 }
 
 # Which kinds each reader takes (anything else is dropped as unexpected).
 TO_MASTER_HANDSHAKE = frozenset({MessageType.HELLO, MessageType.PROOF})
 FROM_AGENT_SESSION = frozenset({MessageType.BEAT, MessageType.EXIT})  # an agent's own connection
-FROM_RELAY_SESSION = frozenset({MessageType.JOIN, MessageType.BEATS, MessageType.EXIT, MessageType.GONE})
+FROM_RELAY_SESSION = frozenset({MessageType.JOIN, MessageType.SUMMARY, MessageType.EXIT, MessageType.GONE})
 FROM_MASTER_HANDSHAKE = frozenset({MessageType.CHALLENGE, MessageType.WELCOME, MessageType.REFUSED})
 FROM_MASTER = frozenset({MessageType.SEATED, MessageType.REFUSED, MessageType.STOP, MessageType.BEAT})
 FROM_AGENT = frozenset({MessageType.JOIN, MessageType.BEAT, MessageType.EXIT})  # at the relay's socket
@@ -334,12 +394,19 @@ def parse_line(line: bytes, allowed: Collection[MessageType] = ANY) -> Message:
 
 def render(message: Message) -> dict[str, Any]:
     """A message's fields as its line carries them: what is None or empty is left out (a relay's
-    beats keep their list, even empty)."""
+    summary keeps its lists, even empty)."""
     out: dict[str, Any] = {"type": message.TYPE.value}
     for each in fields(message):
         value = getattr(message, each.name)
         if value is not None and value != ():
             out[each.name] = value
-    if isinstance(message, Beats):
-        out["ranks"] = [{k: v for k, v in render(entry).items() if k != "type"} for entry in message.ranks]
+    if isinstance(message, Summary):
+        out.update(ranks=message.ranks, steps=message.steps, ages=message.ages, timed=message.timed)
+        if message.work:
+            out["work"] = [
+                [rank, *(x for bucket in buckets for x in bucket)] for rank, buckets in message.work
+            ]
+        out.pop("steady", None)
+        if message.steady:
+            out["steady"] = [{k: v for k, v in render(e).items() if k != "type"} for e in message.steady]
     return out

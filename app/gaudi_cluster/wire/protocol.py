@@ -13,9 +13,10 @@ bytes; what each may contain is checked in `messages`.
 
 A node relay (`rank.relay`) holds its node's one connection for all its ranks: its hello says role
 "node" and carries no rank (the MACs name rank NODE_RANK), and its session then carries `join` (a rank
-asks for its seat, answered `seated` or `refused`), one `beats` a second for every rank of the node
-(fields unchanged since the last one left out), each rank's `exit`, and `gone` (an agent that left
-without one). A stop or a beat from the master is for every rank of the node.
+asks for its seat, answered `seated` or `refused`), one `summary` a second for every rank of the
+node (flat lists of steps, progress ages and newest timed steps; a rank's median work per step and its
+steady fields only when they changed; work-history buckets every WORK_FLUSH_S), each rank's `exit`,
+and `gone` (an agent that left without one). A stop or a beat from the master is for every rank of the node.
 """
 
 from __future__ import annotations
@@ -36,7 +37,13 @@ TAIL_MAX_CHARS = 2048
 WORK_PER_BEAT = 16  # a beat stays well under 1 KB
 LAST_LINE_CHARS = 160
 NODE_RANK = -1  # the rank a node relay's handshake MACs name: it speaks for all of its node's ranks
-MAX_RANKS_PER_NODE = 64  # entries of one `beats` (a Gaudi server has 8 cards)
+MAX_RANKS_PER_NODE = 64  # ranks of one `summary` (a Gaudi server has 8 cards)
+# A relay sends its ranks' work times for the report every WORK_FLUSH_S, merged into at most
+# WORK_BUCKETS aligned buckets a rank (fewer when a node has many ranks: a summary stays under
+# MAX_LINE): the report keeps 256 points a rank anyway, and each pair parsed costs the master.
+WORK_FLUSH_S = 30.0
+WORK_BUCKETS = 16
+WORK_BUCKETS_PER_NODE = 512
 
 
 def new_token() -> str:
