@@ -103,7 +103,7 @@ state = {"env": dict(os.environ), "argv": sys.argv, "cwd": os.getcwd(), "path": 
          "random": random.random(), "torch_seed": torch.initial_seed()}
 with open(os.environ["DUMP"], "w") as f:
     json.dump(state, f)
-sys.exit(int(os.environ["RANK"]) + 3)
+sys.exit(int(os.environ["RANK"]))  # rank 0: a clean exit, status 0
 """
 
 
@@ -144,22 +144,24 @@ def test_a_forked_rank_sees_what_a_plain_start_gives(tmp_path, dump_script):
     for _, b in pairs:
         b.close()
     try:
+        links = [zygote_client.ZygoteLink(a) for a, _ in pairs]
+        assert [link.wait_ready() for link in links] == [None, None]
         children = [
-            zygote_client.start(a, program, _rank_env(tmp_path, rank, "z"), str(workdir))
-            for rank, (a, _) in enumerate(pairs)
+            link.start(program, _rank_env(tmp_path, rank, "z"), str(workdir))
+            for rank, link in enumerate(links)
         ]
         assert all(isinstance(child, zygote_client.ZygoteChild) for child in children), children
         forked = [(child.stdout.read(), child.wait()) for child in children]  # type: ignore[union-attr]
     finally:
-        for a, _ in pairs:
-            a.close()
+        for link in links:
+            link.close()
     assert server.wait(timeout=60) == 0  # it leaves once its agents and ranks have
     for rank, (output, code) in enumerate(forked):
         plain = subprocess.run(
             program, check=False, env=_rank_env(tmp_path, rank, "p"), cwd=workdir, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True, timeout=120,
         )  # fmt: skip
-        assert (output, code) == (plain.stdout, plain.returncode) == (f"out {rank}\nerr\n".encode(), rank + 3)
+        assert (output, code) == (plain.stdout, plain.returncode) == (f"out {rank}\nerr\n".encode(), rank)
         z, p = (json.loads((tmp_path / f"{how}{rank}.json").read_text()) for how in "zp")
         assert z["env"].pop("DUMP") != p["env"].pop("DUMP")
         for field in ("env", "argv", "cwd", "path", "name", "own_group", "stdin"):
@@ -178,8 +180,10 @@ def test_a_rank_with_other_import_time_settings_is_refused_with_its_reason(tmp_p
     )
     b.close()
     env = {**os.environ, "OMP_NUM_THREADS": "2", "DS_ACCELERATOR": "hpu"}
-    answer = zygote_client.start(a, [PY, str(dump_script)], env, str(tmp_path))
-    a.close()
+    link = zygote_client.ZygoteLink(a)
+    assert link.wait_ready() is None
+    answer = link.start([PY, str(dump_script)], env, str(tmp_path))
+    link.close()
     assert answer == "import-time settings differ from the zygote's: OMP_NUM_THREADS"
     assert server.wait(timeout=60) == 0
 
@@ -191,6 +195,7 @@ def test_no_preimport_and_its_variable_turn_the_zygote_off_on_every_node():
     from gaudi_cluster.settings.config import resolve_config
     from gaudi_cluster.settings.flags import add_config_flags
     from gaudi_cluster.wire.node_spec import FanoutSpec
+
     from tests.unit.test_direct import inputs
 
     parser = argparse.ArgumentParser()

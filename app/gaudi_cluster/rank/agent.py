@@ -52,7 +52,7 @@ class RankAgent:
         connect_timeout_s: float = 30.0,
         local_rank_arg: bool = False,
         output_dir: str | None = None,
-        zygote: socket.socket | None = None,
+        zygote: zygote_client.ZygoteLink | None = None,
     ) -> None:
         self.job_id = job_id
         self.zygote = zygote  # the node's pre-imported parent (rank/zygote), when the node runs one
@@ -103,7 +103,7 @@ class RankAgent:
 
     def start_child(self) -> None:
         if self.zygote is not None:
-            forked = zygote_client.start(self.zygote, self.program, self.env, os.getcwd())
+            forked = self.zygote.start(self.program, self.env, os.getcwd())
             if isinstance(forked, str):
                 self.say(f"preimport: plain start, not from the node's zygote: {forked}")
             else:
@@ -219,6 +219,12 @@ class RankAgent:
 
     def run(self) -> int:
         self._log = self.log_path.open("ab")
+        if self.zygote is not None and (why := self.zygote.wait_ready()):
+            # Before joining: the master's heartbeats start with the seat, and the imports take seconds.
+            self.say(f"preimport: plain start, not from the node's zygote: {why}")
+            self.zygote.close()
+            self.zygote = None
+        self.last_beat = time.monotonic()  # the master's silence counts from the join, not from the imports
         if self.control_address:
             try:
                 if not self.token:
@@ -334,7 +340,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.connect_timeout,
         local_rank_arg=args.local_rank_arg,
         output_dir=args.output_dir,
-        zygote=None if args.zygote_fd is None else socket.socket(fileno=args.zygote_fd),
+        zygote=None
+        if args.zygote_fd is None
+        else zygote_client.ZygoteLink(socket.socket(fileno=args.zygote_fd)),
     )
     return agent.run()
 

@@ -3,13 +3,14 @@ once and forks each rank from there, which then runs its script as `__main__`.
 
 `python -u -m gaudi_cluster.rank.zygote --fds N,M,...` is started by the node process (launch/node)
 with the environment its ranks share, one end of a socketpair per agent. It imports
-zygote_rules.preload_modules (what fails to import is left to the rank), then serves its agents from
-one thread: an agent sends a ForkRequest (program, environment, working directory) with its rank's
-stdin and output as file descriptors; the zygote answers the rank's pid, or why it will not fork
-(zygote_rules: a second thread, a device file open, a device bridge imported, another import-time
-setting, a program that is no `python [-u] SCRIPT`), and the rank's wait status once it ends. It
-ignores SIGTERM/SIGINT/SIGHUP (the agents stop their ranks) and leaves once every agent has gone and
-every rank it forked has ended. The agent's side is `start` and `ZygoteChild` (Popen's shape).
+zygote_rules.preload_modules (what fails to import is left to the rank), tells each agent it is
+ready, then serves them from one thread: an agent sends a ForkRequest (program, environment, working
+directory) with its rank's stdin and output as file descriptors; the zygote answers the rank's pid,
+or why it will not fork (zygote_rules: a second thread, a device file open, a device bridge
+imported, another import-time setting, a program that is no `python [-u] SCRIPT`), and the rank's
+wait status once it ends. It ignores SIGTERM/SIGINT/SIGHUP (the agents stop their ranks) and leaves
+once every agent has gone and every rank it forked has ended. The agent's side is
+rank/zygote_client (`ZygoteLink`, and `ZygoteChild` in Popen's shape).
 """
 
 from __future__ import annotations
@@ -240,6 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     preload(given)
     imported = {k: v for k, v in os.environ.items() if given.get(k) != v}
     zygote = Zygote(conns, given, imported)
+    for conn in conns:  # the agents join the master only now: their wait was for the imports
+        zygote._send(conn, ForkReply(ready=True))
     zygote.serve()
     return 0
 

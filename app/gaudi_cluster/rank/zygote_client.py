@@ -56,24 +56,53 @@ class ZygoteChild:
         return self.returncode
 
 
-def start(conn: socket.socket, program: Sequence[str], env: Mapping[str, str], cwd: str) -> ZygoteChild | str:
-    """The rank forked by the zygote at the other end of `conn`, or why not (then start it plainly)."""
-    read_end, write_end = os.pipe()
-    stdin = os.open(os.devnull, os.O_RDONLY)
-    try:
-        request = ForkRequest(tuple(program), env, cwd).to_json().encode()
-        conn.settimeout(ANSWER_TIMEOUT_S)
-        socket.send_fds(conn, [request], [stdin, write_end])
-        replies = conn.makefile("rb")
-        line = replies.readline()
-        conn.settimeout(None)
-        reply = ForkReply.from_json(line.decode()) if line else ForkReply(refused="the zygote is gone")
-    except (OSError, ValueError) as error:
-        reply = ForkReply(refused=f"no answer from the zygote ({error})")
-    finally:
-        os.close(stdin)
-        os.close(write_end)
-    if reply.pid is None:
-        os.close(read_end)
-        return reply.refused or "the zygote did not fork"
-    return ZygoteChild(conn, replies, reply.pid, open(read_end, "rb"))
+class ZygoteLink:
+    """This agent's socket to its node's zygote."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self.conn = conn
+        self.replies = conn.makefile("rb")
+
+    def _answer(self, timeout_s: float) -> ForkReply:
+        self.conn.settimeout(timeout_s)
+        try:
+            line = self.replies.readline()
+        finally:
+            self.conn.settimeout(None)
+        return ForkReply.from_json(line.decode()) if line else ForkReply(refused="the zygote is gone")
+
+    def wait_ready(self, timeout_s: float = ANSWER_TIMEOUT_S) -> str | None:
+        """None once the zygote's imports are done, else why it will not serve."""
+        try:
+            reply = self._answer(timeout_s)
+        except (OSError, ValueError) as error:
+            return f"no answer from the zygote ({error})"
+        return None if reply.ready else reply.refused or "the zygote said something else than ready"
+
+    def start(self, program: Sequence[str], env: Mapping[str, str], cwd: str) -> ZygoteChild | str:
+        """The rank forked by the zygote, or why not (then start it plainly)."""
+        read_end, write_end = os.pipe()
+        stdin = os.open(os.devnull, os.O_RDONLY)
+        try:
+            request = ForkRequest(tuple(program), env, cwd).to_json().encode()
+            socket.send_fds(self.conn, [request], [stdin, write_end])
+            reply = self._answer(ANSWER_TIMEOUT_S)
+        except (OSError, ValueError) as error:
+            reply = ForkReply(refused=f"no answer from the zygote ({error})")
+        finally:
+            os.close(stdin)
+            os.close(write_end)
+        if reply.pid is None:
+            os.close(read_end)
+            return reply.refused or "the zygote did not fork"
+        return ZygoteChild(self.conn, self.replies, reply.pid, open(read_end, "rb"))
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.replies.close()
+            self.conn.close()
+
+
+def link(fd: int | None) -> ZygoteLink | None:
+    """The agent's link from the socket launch/node passed it (--zygote-fd), if any."""
+    return None if fd is None else ZygoteLink(socket.socket(fileno=fd))

@@ -142,23 +142,30 @@ class ForkRequest:
 
 @dataclass(frozen=True)
 class ForkReply:
-    """The zygote's answers, one JSON line each: the rank's pid, or why not; later its wait status."""
+    """The zygote's answers, one JSON line each: ready (its imports done), then the rank's pid or why
+    not, later the rank's wait status."""
 
+    ready: bool = False
     pid: int | None = None
     refused: str | None = None
     status: int | None = None  # os.waitpid's status of the rank
 
     def to_json(self) -> str:
-        return json.dumps({k: v for k, v in vars(self).items() if v is not None})
+        # `is`, not `in`: a status of 0 (a clean exit) equals False.
+        return json.dumps({k: v for k, v in vars(self).items() if v is not None and v is not False})
 
     @classmethod
     def from_json(cls, text: str) -> ForkReply:
         data = json.loads(text)
-        pid, refused, status = data.get("pid"), data.get("refused"), data.get("status")
-        if not any(isinstance(value, want) for value, want in ((pid, int), (refused, str), (status, int))):
-            raise ValueError(f"fork reply: no pid, refusal or status in {text[:80]!r}")
-        return cls(
-            pid if isinstance(pid, int) else None,
+        if not isinstance(data, dict):
+            raise ValueError(f"fork reply: not an object: {text[:80]!r}")
+        ready, pid, refused, status = (data.get(k) for k in ("ready", "pid", "refused", "status"))
+        reply = cls(
+            ready is True,
+            pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
             refused if isinstance(refused, str) else None,
-            status if isinstance(status, int) else None,
+            status if isinstance(status, int) and not isinstance(status, bool) else None,
         )
+        if reply == cls():
+            raise ValueError(f"fork reply: no ready, pid, refusal or status in {text[:80]!r}")
+        return reply
