@@ -436,6 +436,7 @@ def test_a_rank_forked_by_the_zygote_sees_what_a_plain_start_gives(make_cluster,
         log = cluster.logs(cluster.master)
         assert code == 0, log[-4000:]
         assert ("preimport: plain start" in log) is False, log[-4000:]
+        assert ("[master rank 0] gaudi-cluster[rank]: preimport: forked" in log) is (preimport == "1")
         files = sorted(shared.glob("view-*.json"))
         assert [f.name for f in files] == [f"view-{r}.json" for r in range(6)]
         # The job's id (new each run) is in a few paths, the ssh session's client port is new each run,
@@ -457,3 +458,26 @@ def test_a_rank_forked_by_the_zygote_sees_what_a_plain_start_gives(make_cluster,
         assert forked["env"]["RANK"] == str(rank)
         assert forked["argv"] == ["/workspace/user/rankview.py", "--note", "two words"]
     assert len({r["torch_seed"] for r in seen["1"]}) == 6  # every rank seeded afresh
+
+
+def test_the_bundled_workload_learns_the_same_with_and_without_the_zygote(make_cluster):
+    """The smallest job of the bundled run_clm.py (2 nodes, 3 steps, seed 7): the same loss at every
+    step whether its ranks were forked from the zygote or started cold."""
+    cluster = make_cluster(workers=1)
+    cluster.start_workers()
+    cluster.wait_healthy(cluster.worker_names)
+    losses = {}
+    for preimport in ("1", "0"):
+        job = [
+            word.replace("/workspace/output", f"/workspace/output/p{preimport}") for word in short_job(3, 3)
+        ]
+        cluster.start_master(job, extra_env={"GAUDI_CLUSTER_PREIMPORT": preimport})
+        code = cluster.wait_master(timeout_s=600)
+        log = cluster.logs(cluster.master)
+        assert code == 0, log[-4000:]
+        assert ("rank 0] gaudi-cluster[rank]: preimport: forked" in log) is (preimport == "1"), log[-3000:]
+        state = json.loads((cluster.output_dir / f"p{preimport}/checkpoint-3/trainer_state.json").read_text())
+        losses[preimport] = [(h["step"], h["loss"]) for h in state["log_history"] if "loss" in h]
+        subprocess.run(["docker", "rm", "-f", cluster.master], check=True, capture_output=True)
+    assert len(losses["1"]) == 3
+    assert losses["1"] == losses["0"]

@@ -109,6 +109,7 @@ class RankAgent:
             else:
                 self.child = forked
                 self.pid_file.write_text(f"{forked.pid} {os.getpid()}\n")
+                self.say("preimport: forked from the node's zygote")
                 return
         self.child = subprocess.Popen(
             self.program,
