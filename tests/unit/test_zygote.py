@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from gaudi_cluster.rank import zygote, zygote_client
+from gaudi_cluster.rank import zygote_client
 from gaudi_cluster.rank.zygote_rules import (
     CPU_PRELOAD,
     DEVICE_PRELOAD,
@@ -49,17 +49,22 @@ def test_the_real_guard_sees_a_second_thread():
     assert out.stdout.splitlines() == ["None", "the zygote has 2 threads (a fork is safe with one)"]
 
 
-def test_the_real_guard_sees_an_open_device_file(monkeypatch):
-    """The descriptors' targets as /proc/self/fd gives them (no accelerator here: one stands in)."""
-    real = os.readlink
-    fd = os.open(os.devnull, os.O_RDONLY)
-    try:
-        monkeypatch.setattr(
-            zygote.os, "readlink", lambda p: "/dev/accel/accel3" if p == f"/proc/self/fd/{fd}" else real(p)
-        )
-        assert zygote.refusal_now() == "the zygote has a device file open (/dev/accel/accel3)"
-    finally:
-        os.close(fd)
+def test_the_real_guard_sees_an_open_device_file():
+    """The descriptors' targets as /proc/self/fd gives them (no accelerator here: an open /dev/null
+    stands in for one), in a process of its own (a test runner's worker has threads of its own)."""
+    code = textwrap.dedent(
+        """
+        import os
+        from gaudi_cluster.rank import zygote
+        print(zygote.refusal_now())
+        fd = os.open(os.devnull, os.O_RDONLY)
+        real = os.readlink
+        zygote.os.readlink = lambda p: "/dev/accel/accel3" if p == f"/proc/self/fd/{fd}" else real(p)
+        print(zygote.refusal_now())
+        """
+    )
+    out = subprocess.run([PY, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.splitlines() == ["None", "the zygote has a device file open (/dev/accel/accel3)"]
 
 
 def test_import_time_settings_are_the_key_and_secrets_are_not():
