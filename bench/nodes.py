@@ -111,10 +111,13 @@ def prepare_raw_env(cluster: LocalCluster) -> str:
     return cluster.ip_of(cluster.master)
 
 
-def exec_ours(cluster: LocalCluster, job: Sequence[str], launcher: str | None = None) -> Streamed:
+def exec_ours(
+    cluster: LocalCluster, job: Sequence[str], launcher: str | None = None, preimport: bool = True
+) -> Streamed:
     """Our master, started afresh inside the held master's container: discovery, probes, launch, supervise
-    (with its default launcher, or the one named)."""
+    (with its default launcher, or the one named; preimport False: every rank imports from cold)."""
     chosen = ["-e", f"GAUDI_CLUSTER_LAUNCHER={launcher}"] if launcher else []
+    chosen += [] if preimport else ["-e", "GAUDI_CLUSTER_PREIMPORT=0"]
     argv = [
         "docker",
         "exec",

@@ -415,3 +415,69 @@ def test_mpirun_with_tree_spawn_trains_across_three_containers(make_cluster, clu
         n: cluster.logs(n)[-2000:] for n in cluster.worker_names
     }
     _trained(cluster)
+
+
+def test_a_rank_forked_by_the_zygote_sees_what_a_plain_start_gives(make_cluster, tmp_path):
+    """Rank by rank, the preimport on (the default) and off: the same environment, argv, cwd, sys.path
+    and __main__; on, every rank's parent is its node's zygote, off none is."""
+    cluster = make_cluster(workers=2, slots=2)
+    cluster.start_workers()
+    cluster.wait_healthy(cluster.worker_names)
+    shared = tmp_path / "shared"
+    seen = {}
+    for preimport in ("1", "0"):
+        for old in shared.glob("view-*.json"):
+            old.unlink()
+        cluster.start_master(
+            ["/workspace/user/rankview.py", "--note", "two words"],
+            extra_env={"GAUDI_CLUSTER_PREIMPORT": preimport},
+        )
+        code = cluster.wait_master(timeout_s=300)
+        log = cluster.logs(cluster.master)
+        assert code == 0, log[-4000:]
+        assert ("preimport: plain start" in log) is False, log[-4000:]
+        assert ("[master rank 0] gaudi-cluster[rank]: preimport: forked" in log) is (preimport == "1")
+        files = sorted(shared.glob("view-*.json"))
+        assert [f.name for f in files] == [f"view-{r}.json" for r in range(6)]
+        # The job's id (new each run) is in a few paths, the ssh session's client port is new each run,
+        # and the master's node passes its own environment (the setting itself) on: the values two
+        # runs may not share.
+        views = [json.loads(f.read_text()) for f in files]
+        for view in views:
+            for name in ("GAUDI_CLUSTER_PREIMPORT", "SSH_CLIENT", "SSH_CONNECTION"):
+                view["env"].pop(name, None)
+            job = view["env"]["GAUDI_CLUSTER_JOB_ID"]
+            view["env"] = {k: v.replace(job, "JOB") for k, v in view["env"].items()}
+        seen[preimport] = views
+        subprocess.run(["docker", "rm", "-f", cluster.master], check=True, capture_output=True)
+    assert [r["forked"] for r in seen["1"]] == [True] * 6
+    assert [r["forked"] for r in seen["0"]] == [False] * 6
+    for rank, (forked, plain) in enumerate(zip(seen["1"], seen["0"], strict=True)):
+        for field in ("env", "argv", "cwd", "path", "name", "host"):
+            assert forked[field] == plain[field], (rank, field)
+        assert forked["env"]["RANK"] == str(rank)
+        assert forked["argv"] == ["/workspace/user/rankview.py", "--note", "two words"]
+    assert len({r["torch_seed"] for r in seen["1"]}) == 6  # every rank seeded afresh
+
+
+def test_the_bundled_workload_learns_the_same_with_and_without_the_zygote(make_cluster):
+    """The smallest job of the bundled run_clm.py (2 nodes, 3 steps, seed 7): the same loss at every
+    step whether its ranks were forked from the zygote or started cold."""
+    cluster = make_cluster(workers=1)
+    cluster.start_workers()
+    cluster.wait_healthy(cluster.worker_names)
+    losses = {}
+    for preimport in ("1", "0"):
+        job = [
+            word.replace("/workspace/output", f"/workspace/output/p{preimport}") for word in short_job(3, 3)
+        ]
+        cluster.start_master(job, extra_env={"GAUDI_CLUSTER_PREIMPORT": preimport})
+        code = cluster.wait_master(timeout_s=600)
+        log = cluster.logs(cluster.master)
+        assert code == 0, log[-4000:]
+        assert ("rank 0] gaudi-cluster[rank]: preimport: forked" in log) is (preimport == "1"), log[-3000:]
+        state = json.loads((cluster.output_dir / f"p{preimport}/checkpoint-3/trainer_state.json").read_text())
+        losses[preimport] = [(h["step"], h["loss"]) for h in state["log_history"] if "loss" in h]
+        subprocess.run(["docker", "rm", "-f", cluster.master], check=True, capture_output=True)
+    assert len(losses["1"]) == 3
+    assert losses["1"] == losses["0"]

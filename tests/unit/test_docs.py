@@ -53,7 +53,7 @@ EXTERNAL_FLAGS = {
     "python -m bench (make bench)": "--only",
     "python -m gaudi_cluster.settings.reference": "--write",
     "python -m gaudi_cluster.rank.agent (its own command line, the launchers start it)": "--control "
-    "--local-rank-arg --output-dir",
+    "--local-rank-arg --output-dir --zygote-fd",
     "named as what is refused (no flag is abbreviated)": "--master",
     "the AWS CLI": "--latest --region --profile --query --output",
     "systemctl / journalctl": "--now --unit --follow",

@@ -24,6 +24,7 @@ ENTRY_MODULES = {
     "gaudi_cluster.launch.node": "node: the direct launcher's per-node process",
     "gaudi_cluster.rank.agent": "rank: one rank's agent",
     "gaudi_cluster.rank.relay": "node: the node's one control connection",
+    "gaudi_cluster.rank.zygote": "node: the pre-imported parent that forks the node's ranks",
     "gaudi_cluster.settings.profiles_cli": "user's machine: the profile matrix for the build and docs",
     "gaudi_cluster.settings.reference": "user's machine: docs/reference.md",
 }
@@ -55,6 +56,7 @@ PURE = {
     "gaudi_cluster.aws.userdata",
     "gaudi_cluster.compat.translate",
     "gaudi_cluster.engines.auto",
+    "gaudi_cluster.rank.zygote_rules",
     "gaudi_cluster.env.cpu_threads",
     "gaudi_cluster.env.envfile",
     "gaudi_cluster.env.jobenv",

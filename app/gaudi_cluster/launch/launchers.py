@@ -319,6 +319,7 @@ class DirectLauncher:
                 env=inputs.env,
                 python=inputs.python,
                 agent_args=agent_args,
+                preimport=inputs.preimport,
             )
             entries.append(NodeEntry(entry.host, _is_here(inputs, entry.host), spec))
             first += entry.slots

@@ -7,21 +7,25 @@ torch.distributed environment DeepSpeed's launch.py would: RANK,
 LOCAL_RANK, WORLD_SIZE, LOCAL_SIZE, CROSS_RANK, CROSS_SIZE, MASTER_ADDR, MASTER_PORT and
 CUDA_VISIBLE_DEVICES (every DeepSpeed accelerator sets that one to the node's slot ids), plus the
 job's variables, in the master's working directory with it first on PYTHONPATH (as DeepSpeed's
-runner does). It imports no torch: the ranks are the first to do so. It exits when every agent has,
-with the first failing agent's code; SIGTERM/SIGINT/SIGHUP reach every agent.
+runner does). It imports no torch itself; unless the spec says `preimport: false` (--no-preimport) it
+first starts the node's zygote (rank/zygote, with the environment the ranks share and one socketpair
+per agent), which imports the heavy libraries once while the agents join, and forks the ranks. It
+exits when every agent has, with the first failing agent's code; SIGTERM/SIGINT/SIGHUP reach every
+agent.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
 from gaudi_cluster.errors import ConfigError
 from gaudi_cluster.nodes import srun
-from gaudi_cluster.wire.node_spec import AGENT_MODULE, FanoutSpec, NodeSpec, NodeSpecError
+from gaudi_cluster.wire.node_spec import AGENT_MODULE, ZYGOTE_MODULE, FanoutSpec, NodeSpec, NodeSpecError
 
 
 def rank_environments(spec: NodeSpec, base: Mapping[str, str]) -> list[dict[str, str]]:
@@ -44,8 +48,40 @@ def rank_environments(spec: NodeSpec, base: Mapping[str, str]) -> list[dict[str,
     ]
 
 
-def agent_command(spec: NodeSpec) -> list[str]:
-    return [spec.python, "-u", "-m", AGENT_MODULE, *spec.agent_args]
+def agent_command(spec: NodeSpec, zygote_fd: int | None = None) -> list[str]:
+    given = [] if zygote_fd is None else ["--zygote-fd", str(zygote_fd)]
+    return [spec.python, "-u", "-m", AGENT_MODULE, *given, *spec.agent_args]
+
+
+def zygote_environment(rank_env: Mapping[str, str]) -> dict[str, str]:
+    """What the node's ranks share (the zygote's environment): one rank's, less its identity."""
+    return {k: v for k, v in rank_env.items() if k not in ("RANK", "LOCAL_RANK")}
+
+
+def start_zygote(
+    spec: NodeSpec, env: Mapping[str, str], ranks: int
+) -> tuple[subprocess.Popen[bytes], list[socket.socket]] | None:
+    """The node's zygote and each agent's end of its socket, or None (the ranks then start plainly)."""
+    pairs = [socket.socketpair() for _ in range(ranks)]
+    theirs = [pair[1].fileno() for pair in pairs]
+    try:
+        zygote = subprocess.Popen(
+            [spec.python, "-u", "-m", ZYGOTE_MODULE, "--fds", ",".join(map(str, theirs))],
+            env=dict(env),
+            cwd=spec.cwd,
+            stdin=subprocess.DEVNULL,
+            pass_fds=theirs,
+        )
+    except OSError as error:
+        print(f"gaudi-cluster[node]: preimport off: cannot start the zygote: {error.strerror}", flush=True)
+        zygote = None
+    for pair in pairs:
+        pair[1].close()
+    if zygote is None:
+        for pair in pairs:
+            pair[0].close()
+        return None
+    return zygote, [pair[0] for pair in pairs]
 
 
 def read_spec(text: str, from_launch: bool, env: Mapping[str, str]) -> NodeSpec:
@@ -64,9 +100,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (NodeSpecError, ConfigError) as error:
         print(f"gaudi-cluster[node]: error: bad node spec on stdin ({error}); fix: let the master start it")
         return 2
-    envs, command = rank_environments(spec, os.environ), agent_command(spec)
+    envs = rank_environments(spec, os.environ)
+    zygote = start_zygote(spec, zygote_environment(envs[0]), len(envs)) if spec.preimport else None
+    ends = zygote[1] if zygote else [None] * len(envs)
     try:
-        agents = [subprocess.Popen(command, env=env, cwd=spec.cwd, stdin=subprocess.DEVNULL) for env in envs]
+        agents = []
+        for env, end in zip(envs, ends, strict=True):
+            fd = None if end is None else end.fileno()
+            command = agent_command(spec, fd)
+            agents.append(
+                subprocess.Popen(
+                    command,
+                    env=env,
+                    cwd=spec.cwd,
+                    stdin=subprocess.DEVNULL,
+                    pass_fds=() if fd is None else (fd,),
+                )
+            )
     except OSError as error:
         print(
             f"gaudi-cluster[node]: error: cannot start the rank agents in {spec.cwd}: {error.strerror}",
@@ -81,7 +131,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, forward)
+    # The zygote leaves once every agent has closed its end: ours go now, the agents' with them.
+    for end in ends:
+        if end is not None:
+            end.close()
     codes = [agent.wait() for agent in agents]
+    if zygote:
+        zygote[0].wait()
     return next((code for code in codes if code), 0)
 
 

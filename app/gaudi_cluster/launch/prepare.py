@@ -76,6 +76,7 @@ class PrepareSettings:
     control_port: int
     heartbeat_timeout: float
     job_root: str
+    preimport: bool = True  # the direct launcher's nodes fork their ranks from a zygote (rank/zygote)
 
 
 @dataclass(frozen=True)
@@ -257,6 +258,7 @@ def prepare(
         # its choice, not the plan's (every node then holds the client key).
         srun=_launch_step(survey, launch_hostfile),
         device_ids={host: tuple(slots) for host, slots in active.items()} if selects else {},
+        preimport=settings.preimport,
         mpi_tree_spawn=any(
             name.startswith(("OMPI_MCA_", "PRTE_MCA_")) and name.endswith("_no_tree_spawn")
             for name in environ

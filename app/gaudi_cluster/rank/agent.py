@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from gaudi_cluster.rank import agent_beat, jobdir, procgroup, relay_join
+from gaudi_cluster.rank import agent_beat, jobdir, procgroup, relay_join, zygote_client
 from gaudi_cluster.rank.conventions import output_dir_in, rank_identity, with_local_rank
 from gaudi_cluster.wire import messages, private_args
 from gaudi_cluster.wire.channel import Channel
@@ -52,8 +52,10 @@ class RankAgent:
         connect_timeout_s: float = 30.0,
         local_rank_arg: bool = False,
         output_dir: str | None = None,
+        zygote: zygote_client.ZygoteLink | None = None,
     ) -> None:
         self.job_id = job_id
+        self.zygote = zygote  # the node's pre-imported parent (rank/zygote), when the node runs one
         self.program = list(program)
         # The master names it (--output-dir); an agent started by hand reads it off the program.
         self.output_dir = output_dir or output_dir_in(program) or os.getcwd()
@@ -95,7 +97,7 @@ class RankAgent:
         self.last_output = time.monotonic()
         self.last_beat = time.monotonic()
         self.stop_reason: str | None = None
-        self.child: subprocess.Popen[bytes] | None = None
+        self.child: subprocess.Popen[bytes] | zygote_client.ZygoteChild | None = None
         self.channel: Channel | None = None
         self.ignored = 0  # control messages dropped for want of the session's MAC
         self._stop_lock = threading.Lock()
@@ -112,6 +114,15 @@ class RankAgent:
     # --- the rank's process group -------------------------------------------------------------
 
     def start_child(self) -> None:
+        if self.zygote is not None:
+            forked = self.zygote.start(self.program, self.env, os.getcwd())
+            if isinstance(forked, str):
+                self.say(f"preimport: plain start, not from the node's zygote: {forked}")
+            else:
+                self.child = forked
+                self.pid_file.write_text(f"{forked.pid} {os.getpid()}\n")
+                self.say("preimport: forked from the node's zygote")
+                return
         self.child = subprocess.Popen(
             self.program,
             env=self.env,
@@ -221,6 +232,12 @@ class RankAgent:
 
     def run(self) -> int:
         self._log = self.log_path.open("ab")
+        if self.zygote is not None and (why := self.zygote.wait_ready()):
+            # Before joining: the master's heartbeats start with the seat, and the imports take seconds.
+            self.say(f"preimport: plain start, not from the node's zygote: {why}")
+            self.zygote.close()
+            self.zygote = None
+        self.last_beat = time.monotonic()  # the master's silence counts from the join, not from the imports
         if self.control_address:
             try:
                 if not self.token:
@@ -323,6 +340,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--local-rank-arg", action="store_true", help="pass --local_rank=N to the program, as DeepSpeed does"
     )
     parser.add_argument("--output-dir", help="where the job writes (default: the program's --output_dir)")
+    parser.add_argument(
+        "--zygote-fd", type=int, help="this agent's socket to the node's zygote (launch/node passes it)"
+    )
     parser.add_argument("program", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
@@ -337,6 +357,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.connect_timeout,
         local_rank_arg=args.local_rank_arg,
         output_dir=args.output_dir,
+        zygote=None
+        if args.zygote_fd is None
+        else zygote_client.ZygoteLink(socket.socket(fileno=args.zygote_fd)),
     )
     return agent.run()
 

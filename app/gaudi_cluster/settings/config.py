@@ -207,6 +207,14 @@ class ClusterConfig:
         "1",
         switch=True,
     )
+    preimport: bool = setting(
+        True,
+        parse_bool,
+        "start each node's ranks from one pre-imported parent (torch imported once, forked where safe; "
+        "direct launcher); --no-preimport or 0: every rank imports from cold",
+        "0",
+        switch=True,
+    )
     job_root: str = setting(DEFAULT_JOB_ROOT, text, "where per-job state lives on every node", "/tmp/jobs")
 
     def describe(self) -> str:
@@ -234,7 +242,9 @@ class Setting:
 
     @property
     def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
+        # A switch that is on by default is turned off: --no-NAME.
+        negated = "no-" if self.switch and self.default is True else ""
+        return "--" + negated + self.name.replace("_", "-")
 
     @property
     def aliases(self) -> tuple[str, ...]:

@@ -27,6 +27,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "min_free_disk",
             "fabric_check",
             "fabric_timeout",
+            "preimport",
             "dry_run",
             "hold",
             "job_root",
@@ -93,7 +94,8 @@ def add_config_flags(parser: argparse.ArgumentParser, names: Iterable[str] | Non
 def _add_flag(group: Any, s: Setting) -> None:
     choices = getattr(s.parse, "choices", None)
     if s.switch:
-        group.add_argument(s.flag, dest=s.name, action="store_const", const="1", help=help_text(s))
+        const = "0" if s.default is True else "1"
+        group.add_argument(s.flag, dest=s.name, action="store_const", const=const, help=help_text(s))
     else:
         metavar = "{" + ",".join(choices) + "}" if choices else s.name.upper()
         action = "append" if s.repeatable else "store"

@@ -18,9 +18,10 @@ from typing import Any
 AGENT_MODULE = "gaudi_cluster.rank.agent"
 FANOUT_MODULE = "gaudi_cluster.launch.fanout"
 NODE_MODULE = "gaudi_cluster.launch.node"
+ZYGOTE_MODULE = "gaudi_cluster.rank.zygote"
 
 # Changes whenever a field changes meaning, so that a node running another image says so at once.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 class NodeSpecError(ValueError):
@@ -42,6 +43,7 @@ class NodeSpec:
     env: Mapping[str, str]
     python: str
     agent_args: tuple[str, ...]  # everything after `-m gaudi_cluster.rank.agent`
+    preimport: bool = True  # start the ranks from a pre-imported zygote where safe (rank/zygote)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "slots", tuple(self.slots))
@@ -62,6 +64,7 @@ class NodeSpec:
             "env": dict(self.env),
             "python": self.python,
             "agent_args": list(self.agent_args),
+            "preimport": self.preimport,
         }
 
     def to_json(self) -> str:
@@ -82,6 +85,7 @@ class NodeSpec:
             env=_text_map(fields, "env"),
             python=_text(fields, "python"),
             agent_args=_texts(fields, "agent_args"),
+            preimport=_flag(fields, "preimport"),
         )
         if spec.node_rank >= spec.nnodes:
             raise NodeSpecError(f"node spec: node_rank {spec.node_rank} is not below nnodes {spec.nnodes}")
@@ -200,6 +204,13 @@ def _fields(data: object, what: str, names: set[str], versioned: bool = True) ->
     if unknown:
         raise NodeSpecError(f"{what}: unknown field(s) {', '.join(unknown)}")
     return data
+
+
+def _flag(fields: Mapping[str, object], name: str) -> bool:
+    value = fields[name]
+    if not isinstance(value, bool):
+        raise NodeSpecError(f"field '{name}' must be true or false, got {value!r:.80}")
+    return value
 
 
 def _count(fields: Mapping[str, object], name: str, minimum: int = 0, maximum: int | None = None) -> int:
