@@ -496,20 +496,33 @@ def test_mpijob_copies_follow_a_rename(tmp_path):
 # --- docs ------------------------------------------------------------------------------------------
 
 
-def test_docs_create_the_secrets_the_pods_read(rendered):
+def test_docs_create_the_secrets_the_pods_read(rendered, tmp_path):
     docs = (ROOT / "docs" / "kubernetes.md").read_text(encoding="utf-8")
+    job = mpijob(rendered)["metadata"]["name"]
+    workers = replica(rendered, "Worker")["replicas"]
+    # The documented script, for the shipped MPIJob's name and worker count; its directory's files.
+    assert f"scripts/k8s-host-keys.sh {job} {workers} default\n" in docs
+    host_keys = host_keys_secret(tmp_path, job, workers)
+    del host_keys["..ca"]
     command = r"kubectl create secret generic (\S+)((?:\s+\\?\s*--from-file=\S+)+)"
     commands = {
-        # --from-file=PATH names the key after the file, --from-file=KEY=PATH names it KEY.
+        # --from-file=PATH names the key after the file, --from-file=KEY=PATH names it KEY, and
+        # --from-file=DIRECTORY takes every file in it (the script's .keys/k8s/<job>).
         name: {
-            f.split("=")[0] if "=" in f else PurePosixPath(f).name
+            key
             for f in re.findall(r"--from-file=(\S+)", files)
+            for key in (
+                set(host_keys)
+                if f == f".keys/k8s/{job}"
+                else {f.split("=")[0] if "=" in f else PurePosixPath(f).name}
+            )
         }
         for name, files in re.findall(command, docs)
     }
     assert commands == {
         CLIENT_KEY_SECRET: {"id_ed25519", "id_ed25519.pub"},
         HOST_KEY_SECRET: HOST_IDENTITY,
+        f"{job}-host-keys": set(host_keys),
         "gaudi-cluster-hf-token": {"HF_TOKEN"},
     }
     # Every key a pod reads from one of our Secrets is a file the command puts in it.
@@ -520,6 +533,8 @@ def test_docs_create_the_secrets_the_pods_read(rendered):
                 if "secret" in spec:
                     sources.append({"name": spec["secret"]["secretName"], **spec["secret"]})
                 for source in sources:
-                    if source["name"] in commands:
-                        keys = {item["key"] for item in source["items"]}
-                        assert keys <= commands[source["name"]], (where, source["name"])
+                    name = source.get("name", source.get("secretName"))
+                    assert name in commands, (where, name)  # every Secret a pod names is documented
+                    if name in commands:
+                        keys = {item["key"] for item in source.get("items", [])}
+                        assert keys <= commands[name], (where, name)
