@@ -5,12 +5,15 @@ DNS answers dotted aliases, and one alias shared by several containers returns a
 like a headless Service). They get the args, environment and mount paths of the rendered manifests,
 plus what the controllers add: for the MPI Operator its hostfile, its variables and its ssh Secret (an
 ECDSA P-521 key in PEM form named id_rsa, mode 0644, behind the `..data` symlinks of a Secret
-volume); for the Indexed Job the completion index. Our key directories are built from the manifests'
-own volumes: the MPIJob's projected volume per role, the Indexed Job's `keys` init container run
-before each pod. Every container gets the manifest's securityContext as Docker options
-(no-new-privileges, capabilities, sysctls; Docker's default seccomp profile). The workers start 15 s
-after the master, so their names do not resolve yet when it starts. The job must train on every
-node; no worker may hold the client key, and every pod's sshd must answer with the cluster host key.
+volume, which no pod's sshd may admit); for the Indexed Job the completion index. Our Secrets are made
+as docs/kubernetes.md makes them (the MPIJob's per-worker host keys by scripts/k8s-host-keys.sh), and
+our key directories are built from the manifests' own volumes: the MPIJob launcher's projected volume,
+each MPIJob worker's and each Indexed Job pod's `keys` init container run before it with its hostname.
+Every container gets the manifest's securityContext as Docker options (no-new-privileges,
+capabilities, sysctls; Docker's default seccomp profile). The workers start 15 s after the master, so
+their names do not resolve yet when it starts. The job must train on every node; no worker may hold
+the client key; an Indexed Job pod's sshd answers with the cluster host key, an MPIJob worker's with
+its own, and a worker at another worker's name with its own certified key is refused by host key.
 
 What is not imitated: scheduling, readiness gates (WaitForWorkersReady would start the launcher only
 after the workers; starting it first is the harder case), and Gaudi: slots are 1 per node on CPU.
