@@ -5,12 +5,15 @@ DNS answers dotted aliases, and one alias shared by several containers returns a
 like a headless Service). They get the args, environment and mount paths of the rendered manifests,
 plus what the controllers add: for the MPI Operator its hostfile, its variables and its ssh Secret (an
 ECDSA P-521 key in PEM form named id_rsa, mode 0644, behind the `..data` symlinks of a Secret
-volume); for the Indexed Job the completion index. Our key directories are built from the manifests'
-own volumes: the MPIJob's projected volume per role, the Indexed Job's `keys` init container run
-before each pod. Every container gets the manifest's securityContext as Docker options
-(no-new-privileges, capabilities, sysctls; Docker's default seccomp profile). The workers start 15 s
-after the master, so their names do not resolve yet when it starts. The job must train on every
-node; no worker may hold the client key, and every pod's sshd must answer with the cluster host key.
+volume, which no pod's sshd may admit); for the Indexed Job the completion index. Our Secrets are made
+as docs/kubernetes.md makes them (the MPIJob's per-worker host keys by scripts/k8s-host-keys.sh), and
+our key directories are built from the manifests' own volumes: the MPIJob launcher's projected volume,
+each MPIJob worker's and each Indexed Job pod's `keys` init container run before it with its hostname.
+Every container gets the manifest's securityContext as Docker options (no-new-privileges,
+capabilities, sysctls; Docker's default seccomp profile). The workers start 15 s after the master, so
+their names do not resolve yet when it starts. The job must train on every node; no worker may hold
+the client key; an Indexed Job pod's sshd answers with the cluster host key, an MPIJob worker's with
+its own, and a worker at another worker's name with its own certified key is refused by host key.
 
 What is not imitated: scheduling, readiness gates (WaitForWorkersReady would start the launcher only
 after the workers; starting it first is the harder case), and Gaudi: slots are 1 per node on CPU.
@@ -21,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -161,10 +165,14 @@ class Pods:
         self.names.append(name)
         return name
 
-    def init(self, pod_spec: dict[str, Any], env: dict[str, str], volumes: dict[str, Path]) -> None:
-        """Run the pod's init containers to completion, in order, as the kubelet does before the pod."""
+    def init(
+        self, pod_spec: dict[str, Any], env: dict[str, str], volumes: dict[str, Path], hostname: str = ""
+    ) -> None:
+        """Run the pod's init containers to completion, in order, as the kubelet does before the pod
+        (every container of a pod has the pod's hostname)."""
         for container in pod_spec.get("initContainers", []):
             options = ["--rm", "--network", "none", "--label", LABEL, *security_flags(pod_spec, container)]
+            options += ["--hostname", hostname] if hostname else []
             options += [f"--volume={mount}" for mount in volume_mounts(container, volumes)]
             options += [f"--env={key}={value}" for key, value in env.items()]
             # A container's `command` replaces the image's entrypoint; its `args`, the image's CMD.
@@ -218,74 +226,127 @@ def pods(request, image) -> Iterator[Pods]:
     made.remove(show_logs=failed)
 
 
-def test_mpijob_launcher_trains_on_late_workers_with_the_operators_keys(pods, tmp_path, cluster_keys):
-    docs = kustomize(ROOT / "k8s" / "mpijob")
-    mpijob = only(docs, "MPIJob")
-    job = mpijob["metadata"]["name"]
-    spec = mpijob["spec"]
-    # docs/kubernetes.md's token: the Secret, and GAUDI_CLUSTER_ENV_PASS in the settings ConfigMap.
-    settings = {**settings_of(docs), "GAUDI_CLUSTER_ENV_PASS": "HF_TOKEN"}
-    token_secret = {HF_TOKEN_SECRET: {"HF_TOKEN": TOKEN}}
-    mount = spec["sshAuthMountPath"]
-    operator = operator_secret(tmp_path / "keygen")
-    # The operator's own mount of its Secret on every pod: no mode set away from /root/.ssh (0644).
-    secret = secret_volume(
-        tmp_path / "ssh", {path: operator[key] for path, key in OPERATOR_ITEMS.items()}, 0o644
-    )
-    secrets = {f"{job}-ssh": operator, HOST_KEY_SECRET: host_identity(cluster_keys)}
-    templates = {role: spec["mpiReplicaSpecs"][role]["template"]["spec"] for role in ("Launcher", "Worker")}
-    key_dirs = {
-        role: projected_volume(tmp_path / f"keys-{role}", volume_of(pod, "ssh-dir")["projected"], secrets)
-        for role, pod in templates.items()
-    }
-    workers = spec["mpiReplicaSpecs"]["Worker"]["replicas"]
-    worker_names = [f"{job}-worker-{i}" for i in range(workers)]
-    # The operator's ConfigMap: one FQDN per worker, slotsPerWorker slots (1 here: CPU ranks).
-    fqdn = {name: f"{name}.{job}.{NAMESPACE}.svc" for name in worker_names}
-    config_map = secret_volume(
-        tmp_path / "mpi",
-        {
-            "hostfile": "".join(f"{fqdn[name]} slots=1\n" for name in worker_names).encode(),
-            "discover_hosts.sh": b"#!/bin/sh\n"
-            + b"".join(f"echo {fqdn[name]}\n".encode() for name in worker_names),
-        },
-        0o644,
-    )
-    operator_env = {
-        "OMPI_MCA_orte_default_hostfile": "/etc/mpi/hostfile",
-        "OMPI_MCA_orte_keep_fqdn_hostnames": "true",
-        "OMPI_MCA_plm_rsh_args": "-o ConnectionAttempts=10",
-    }
-    launcher_container = templates["Launcher"]["containers"][0]
-    worker_container = templates["Worker"]["containers"][0]
-    assert launcher_container["args"] == ["master"] and worker_container["args"] == ["worker"]
+class MpiJob:
+    """The rendered MPIJob and what the operator and the kubelet would give its pods: the operator's
+    Secret, hostfile and variables; our Secrets (gaudi-cluster-keys and <job>-host-keys, made as
+    docs/kubernetes.md makes them, by scripts/k8s-host-keys.sh); the launcher's projected key directory
+    and, per worker, the key directory its init container fills."""
 
-    launcher = pods.run(
-        f"{job}-launcher",
-        [f"{job}-launcher.{job}.{NAMESPACE}.svc"],
-        {
-            **container_env(launcher_container, settings),
-            **operator_env,
-            "K_MPI_JOB_ROLE": "launcher",
-        },
-        [
-            f"{secret}:{mount}:ro",
-            f"{config_map}:/etc/mpi:ro",
-            *volume_mounts(launcher_container, {"ssh-dir": key_dirs["Launcher"]}),
-        ],
-        [*launcher_container["args"], *JOB],
-        security_flags(templates["Launcher"], launcher_container),
-        secrets=secret_env(launcher_container, token_secret),
+    def __init__(self, tmp_path: Path, settings_extra: dict[str, str]) -> None:
+        self.tmp_path = tmp_path
+        self.docs = kustomize(ROOT / "k8s" / "mpijob")
+        doc = only(self.docs, "MPIJob")
+        self.job = job = doc["metadata"]["name"]
+        self.spec = spec = doc["spec"]
+        self.settings = {**settings_of(self.docs), **settings_extra}
+        self.mount = spec["sshAuthMountPath"]
+        self.templates = {r: spec["mpiReplicaSpecs"][r]["template"]["spec"] for r in ("Launcher", "Worker")}
+        self.worker_names = [
+            f"{job}-worker-{i}" for i in range(spec["mpiReplicaSpecs"]["Worker"]["replicas"])
+        ]
+        self.fqdn = {name: f"{name}.{job}.{NAMESPACE}.svc" for name in self.worker_names}
+        operator = operator_secret(tmp_path / "keygen")
+        # The operator's own mount of its Secret on every pod: no mode set away from /root/.ssh (0644).
+        self.operator_mount = secret_volume(
+            tmp_path / "ssh", {path: operator[key] for path, key in OPERATOR_ITEMS.items()}, 0o644
+        )
+        keys = tmp_path / "keys"
+        made = docker_free_keys(keys, job, len(self.worker_names))
+        client = {name: (keys / name).read_bytes() for name in ("id_ed25519", "id_ed25519.pub")}
+        self.secrets = {f"{job}-ssh": operator, "gaudi-cluster-keys": client, f"{job}-host-keys": made}
+        self.launcher_keys = projected_volume(
+            tmp_path / "keys-Launcher",
+            volume_of(self.templates["Launcher"], "ssh-dir")["projected"],
+            self.secrets,
+        )
+        host_keys = volume_of(self.templates["Worker"], "host-keys")["secret"]
+        self.host_keys_volume = secret_volume(
+            tmp_path / "host-keys", self.secrets[host_keys["secretName"]], host_keys["defaultMode"]
+        )
+        # The operator's ConfigMap: one FQDN per worker, slotsPerWorker slots (1 here: CPU ranks).
+        self.config_map = secret_volume(
+            tmp_path / "mpi",
+            {
+                "hostfile": "".join(f"{self.fqdn[name]} slots=1\n" for name in self.worker_names).encode(),
+                "discover_hosts.sh": b"#!/bin/sh\n"
+                + b"".join(f"echo {self.fqdn[name]}\n".encode() for name in self.worker_names),
+            },
+            0o644,
+        )
+        self.launcher_container = self.templates["Launcher"]["containers"][0]
+        self.worker_container = self.templates["Worker"]["containers"][0]
+
+    def worker_keys(self, pods: Pods, hostname: str) -> Path:
+        """The key directory the worker init container fills in a pod whose hostname is `hostname`."""
+        ssh_dir = self.tmp_path / f"ssh-dir-{hostname}-{uuid.uuid4().hex[:4]}"
+        ssh_dir.mkdir()
+        pods.init(
+            self.templates["Worker"], {}, {"host-keys": self.host_keys_volume, "ssh-dir": ssh_dir}, hostname
+        )
+        return ssh_dir
+
+    def start_launcher(self, pods: Pods, job_args: list[str], secrets: dict[str, str]) -> str:
+        job, container = self.job, self.launcher_container
+        operator_env = {
+            "OMPI_MCA_orte_default_hostfile": "/etc/mpi/hostfile",
+            "OMPI_MCA_orte_keep_fqdn_hostnames": "true",
+            "OMPI_MCA_plm_rsh_args": "-o ConnectionAttempts=10",
+        }
+        return pods.run(
+            f"{job}-launcher",
+            [f"{job}-launcher.{job}.{NAMESPACE}.svc"],
+            {**container_env(container, self.settings), **operator_env, "K_MPI_JOB_ROLE": "launcher"},
+            [
+                f"{self.operator_mount}:{self.mount}:ro",
+                f"{self.config_map}:/etc/mpi:ro",
+                *volume_mounts(container, {"ssh-dir": self.launcher_keys}),
+            ],
+            [*container["args"], *job_args],
+            security_flags(self.templates["Launcher"], container),
+            secrets=secrets,
+        )
+
+    def start_worker(self, pods: Pods, hostname: str, alias: str, key_dir: Path) -> str:
+        container = self.worker_container
+        return pods.run(
+            hostname,
+            [alias],
+            {**container_env(container, self.settings), "K_MPI_JOB_ROLE": "worker"},
+            [f"{self.operator_mount}:{self.mount}:ro", *volume_mounts(container, {"ssh-dir": key_dir})],
+            container["args"],
+            security_flags(self.templates["Worker"], container),
+        )
+
+
+def docker_free_keys(keys: Path, job: str, workers: int) -> dict[str, bytes]:
+    """The Secret <job>-host-keys's files, made as docs/kubernetes.md makes them (on this machine)."""
+    subprocess.run(
+        [str(ROOT / "scripts" / "k8s-host-keys.sh"), job, str(workers), NAMESPACE, str(keys)],
+        check=True,
+        capture_output=True,
     )
+    return {f.name: f.read_bytes() for f in (keys / "k8s" / job).iterdir()}
+
+
+def test_mpijob_launcher_trains_on_late_workers_with_per_pod_host_keys(pods, tmp_path):
+    # docs/kubernetes.md's token: the Secret, and GAUDI_CLUSTER_ENV_PASS in the settings ConfigMap.
+    mpi = MpiJob(tmp_path, {"GAUDI_CLUSTER_ENV_PASS": "HF_TOKEN"})
+    job, settings, worker_names, fqdn = mpi.job, mpi.settings, mpi.worker_names, mpi.fqdn
+    token_secret = {HF_TOKEN_SECRET: {"HF_TOKEN": TOKEN}}
+    workers = len(worker_names)
+    launcher_container, worker_container = mpi.launcher_container, mpi.worker_container
+    assert launcher_container["args"] == ["master"] and worker_container["args"] == ["worker"]
+    launcher = mpi.start_launcher(pods, JOB, secret_env(launcher_container, token_secret))
     # The launcher (the master) alone holds the token; the workers' ranks get it from the master.
     assert secret_env(launcher_container, token_secret) == {"HF_TOKEN": TOKEN}
     assert secret_env(worker_container, token_secret) == {}
     pods.wait_for_log(launcher, WAITING_FOR_PEERS)
     assert pods.running(launcher), pods.logs(launcher)[-3000:]
-    # Still waiting for its workers, whose names do not resolve yet; it installed the operator's key
-    # owner-only (the mount itself stays 0644 and read-only).
-    installed = docker("exec", launcher, "stat", "-c", "%a %n", "/root/.ssh/id_rsa", check=False).stdout
-    assert installed.split() == ["600", "/root/.ssh/id_rsa"]
+    # Still waiting for its workers, whose names do not resolve yet; it installed our client key
+    # owner-only, and never the operator's (mounted at sshAuthMountPath all the same).
+    installed = docker("exec", launcher, "stat", "-c", "%a %n", "/root/.ssh/id_ed25519", check=False).stdout
+    assert installed.split() == ["600", "/root/.ssh/id_ed25519"]
+    assert "id_rsa" not in pods.files(launcher, "/root/.ssh")
     # It runs no ranks (not in the operator's hostfile), so no sshd: nothing listens on the ssh port and
     # no authorized_keys would admit the operator's id_rsa, which every worker holds.
     processes = docker("exec", launcher, "sh", "-c", "cat /proc/[0-9]*/comm", check=False).stdout.split()
@@ -299,15 +360,7 @@ def test_mpijob_launcher_trains_on_late_workers_with_the_operators_keys(pods, tm
     gone = docker("exec", launcher, "test", "-e", "/root/.ssh/authorized_keys", check=False)
     assert gone.returncode != 0
     worker_pods = [
-        pods.run(
-            name,
-            [fqdn[name]],
-            {**container_env(worker_container, settings), "K_MPI_JOB_ROLE": "worker"},
-            [f"{secret}:{mount}:ro", *volume_mounts(worker_container, {"ssh-dir": key_dirs["Worker"]})],
-            worker_container["args"],
-            security_flags(templates["Worker"], worker_container),
-        )
-        for name in worker_names
+        mpi.start_worker(pods, name, fqdn[name], mpi.worker_keys(pods, name)) for name in worker_names
     ]
     # Rank 0 runs on the first worker: read its environment, and every pod's argv, while it runs.
     seen: dict[str, Any] = {}
@@ -331,14 +384,52 @@ def test_mpijob_launcher_trains_on_late_workers_with_the_operators_keys(pods, tm
     assert rank_hosts(log) == {i: {name} for i, name in enumerate(worker_names)}, rank_hosts(log)
     assert re.search(rf"job \S+ succeeded: {workers} ranks on {workers} nodes", log), log[-3000:]
     assert f"nodes: {', '.join(fqdn[name] for name in worker_names)}" in log
+    # Each worker's own certified key: the master pinned the CA, with no shared-key warning.
+    assert "shared host key" not in log
     key_dir = container_env(worker_container, settings)["GAUDI_CLUSTER_SSH_DIR"]
-    for name in worker_names:
-        worker = f"gc-k8s-{pods.session}-{name}"
-        # Nothing in the key directory the image reads, nor in /root/.ssh, logs in anywhere (the
-        # operator's own mount still holds id_rsa: docs/kubernetes.md says so).
-        assert "id_rsa" not in pods.files(worker, key_dir, "/root/.ssh"), name
-        # Its sshd presents the cluster host key (asked from inside: the launcher has exited).
-        assert pods.host_key_of(worker, fqdn[name]) == key_blob(secrets[HOST_KEY_SECRET][HOST_IDENTITY[1]])
+    host_keys = mpi.secrets[f"{job}-host-keys"]
+    served = set()
+    for name, worker in zip(worker_names, worker_pods, strict=True):
+        # Nothing in the key directory the image reads, nor in /root/.ssh, logs in anywhere.
+        held = pods.files(worker, key_dir, "/root/.ssh")
+        assert not {"id_rsa", "id_ed25519"} & held, (name, held)
+        # Its sshd presents its own host key (asked from inside: the launcher has exited).
+        served.add(pods.host_key_of(worker, fqdn[name]))
+        assert served == {
+            key_blob(host_keys[f"{n}.ssh_host_ed25519_key.pub"]) for n in worker_names[: len(served)]
+        }
+    # The operator's id_rsa, which every worker holds at sshAuthMountPath, opens no other worker.
+    tried = docker(
+        "exec",
+        worker_pods[0],
+        "sh",
+        "-c",
+        f"install -m 0600 {mpi.mount}/id_rsa /tmp/operator-key && ssh -p 3022 -i /tmp/operator-key "
+        f"-o IdentitiesOnly=yes -o BatchMode=yes root@{fqdn[worker_names[1]]} true",
+        check=False,
+    )
+    assert tried.returncode == 255 and "Permission denied" in tried.stderr, tried.stderr
+
+
+def test_mpijob_master_refuses_a_worker_at_another_workers_name_with_its_own_certified_key(pods, tmp_path):
+    mpi = MpiJob(tmp_path, {})
+    first, second = mpi.worker_names[:2]
+    launcher = mpi.start_launcher(pods, JOB, {})
+    real = mpi.start_worker(pods, first, mpi.fqdn[first], mpi.worker_keys(pods, first))
+    # A compromised first worker takes the second's name and address: it holds the first's key and
+    # certificate (its own init container picked them), nothing of the second's.
+    impostor = mpi.start_worker(pods, second, mpi.fqdn[second], mpi.worker_keys(pods, first))
+    code = pods.wait(launcher, timeout_s=300)
+    log = pods.logs(launcher)
+    assert code == 3, log[-4000:]
+    refused = [
+        line for line in log.splitlines() if mpi.fqdn[second] in line and "its certificate does not" in line
+    ]
+    assert refused and "fix: " in refused[0], log[-4000:]
+    assert "job " not in log or "succeeded" not in log
+    # Refused before anything was sent: the impostor's sshd (logging to the pod's stderr) let no one in.
+    assert "Accepted publickey" not in pods.logs(impostor)
+    assert pods.running(real)
 
 
 def test_indexed_job_trains_on_every_index_found_through_the_service(pods, tmp_path, cluster_keys):

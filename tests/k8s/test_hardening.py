@@ -311,27 +311,162 @@ def projected_items(pod_spec: dict[str, Any]) -> dict[str, set[tuple[str, str]]]
     return {s["secret"]["name"]: {(i["key"], i["path"]) for i in s["secret"]["items"]} for s in sources}
 
 
-def test_mpijob_key_directory_holds_the_operators_keys_and_the_host_identity(rendered):
+WORKER_FILES = {"ssh_host_ed25519_key", "ssh_host_ed25519_key.pub", "ssh_host_ed25519_key-cert.pub"}
+
+
+def host_keys_secret(tmp_path, job: str, workers: int, namespace: str = "default") -> dict[str, bytes]:
+    """The Secret <job>-host-keys as docs/kubernetes.md makes it: every file scripts/k8s-host-keys.sh
+    lays out (real keys and certificates of a fresh host CA), by file name."""
+    keys = tmp_path / "keys"
+    subprocess.run(
+        [str(ROOT / "scripts" / "k8s-host-keys.sh"), job, str(workers), namespace, str(keys)],
+        check=True,
+        capture_output=True,
+    )
+    made = keys / "k8s" / job
+    assert not [f for f in made.iterdir() if not f.is_file()]
+    return {f.name: f.read_bytes() for f in made.iterdir()} | {"..ca": (keys / "ca" / "host_ca").read_bytes()}
+
+
+def test_mpijob_launcher_key_directory_holds_the_client_key_and_the_host_ca_only(rendered):
     name = mpijob(rendered)["metadata"]["name"]
     operator_mount = PurePosixPath(mpijob(rendered)["spec"]["sshAuthMountPath"])
-    public = {("ssh-publickey", "id_rsa.pub"), ("ssh-publickey", "authorized_keys")}
-    host = {(file, file) for file in HOST_IDENTITY}
-    wanted = {
-        # The launcher runs the master: it alone gets the operator's private key in its key directory.
-        "Launcher": {f"{name}-ssh": {("ssh-privatekey", "id_rsa"), *public}, HOST_KEY_SECRET: host},
-        "Worker": {f"{name}-ssh": public, HOST_KEY_SECRET: host},
+    pod = replica(rendered, "Launcher")["template"]["spec"]
+    container = node_container(pod)
+    # Our client key pair (what the workers let in) and the CA it pins; no host key (it runs no sshd),
+    # no worker's key, nothing of the operator's Secret (its id_rsa is on every worker).
+    assert projected_items(pod) == {
+        CLIENT_KEY_SECRET: {("id_ed25519", "id_ed25519"), ("id_ed25519.pub", "id_ed25519.pub")},
+        f"{name}-host-keys": {("host_ca.pub", "host_ca.pub")},
     }
-    for role, items in wanted.items():
-        pod = replica(rendered, role)["template"]["spec"]
-        container = node_container(pod)
-        assert projected_items(pod) == items, role
-        assert is_owner_only(volume(pod, "ssh-dir")["projected"]["defaultMode"]), role
-        mount = mounts_of(container)["ssh-dir"]
-        assert mount["mountPath"] == env_of(container)["GAUDI_CLUSTER_SSH_DIR"] == KEY_DIR, role
-        assert mount["readOnly"] is True, role
-        # The operator's own mount (its whole Secret) is elsewhere, and not the directory the image reads.
-        assert PurePosixPath(KEY_DIR) not in (operator_mount, *operator_mount.parents), role
-        assert operator_mount not in PurePosixPath(KEY_DIR).parents, role
+    assert is_owner_only(volume(pod, "ssh-dir")["projected"]["defaultMode"])
+    mount = mounts_of(container)["ssh-dir"]
+    assert mount["mountPath"] == env_of(container)["GAUDI_CLUSTER_SSH_DIR"] == KEY_DIR
+    assert mount["readOnly"] is True
+    # The operator's own mount (its whole Secret) is elsewhere, and not the directory the image reads.
+    assert PurePosixPath(KEY_DIR) not in (operator_mount, *operator_mount.parents)
+    assert operator_mount not in PurePosixPath(KEY_DIR).parents
+
+
+def test_mpijob_workers_read_only_what_their_init_container_picked(rendered):
+    name = mpijob(rendered)["metadata"]["name"]
+    pod = replica(rendered, "Worker")["template"]["spec"]
+    container = node_container(pod)
+    mounts = mounts_of(container)
+    # The node container sees no Secret: the in-memory directory its init container filled, read-only.
+    secret_volumes = {v["name"] for v in pod["volumes"] if "secret" in v or "projected" in v}
+    assert secret_volumes == {"host-keys"}
+    assert not secret_volumes & mounts.keys()
+    assert mounts["ssh-dir"]["mountPath"] == env_of(container)["GAUDI_CLUSTER_SSH_DIR"] == KEY_DIR
+    assert mounts["ssh-dir"]["readOnly"] is True
+    assert volume(pod, "ssh-dir")["emptyDir"]["medium"] == "Memory"
+    # Every worker's host keys: the one Secret of a pod template, in the init container alone. The
+    # client key's Secret is not in a worker's pod at all (the kubelet of a worker never fetches it).
+    secret = volume(pod, "host-keys")["secret"]
+    assert secret["secretName"] == f"{name}-host-keys" and is_owner_only(secret["defaultMode"])
+    assert [c["name"] for c in containers_of(pod) if "host-keys" in mounts_of(c)] == ["keys"]
+    init = keys_init_container(pod)
+    assert mounts_of(init)["ssh-dir"]["mountPath"] == KEY_DIR
+    assert mounts_of(init)["host-keys"]["readOnly"] is True
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_no_pod_mounts_the_host_cas_private_key(rendered, tmp_path, variant):
+    name = mpijob(rendered)["metadata"]["name"]
+    host_keys = host_keys_secret(tmp_path, name, 3)
+    ca = host_keys.pop("..ca")
+    assert ca.startswith(b"-----BEGIN OPENSSH PRIVATE KEY-----")
+    # The Secret the script lays out holds no copy of the CA's key, under any name.
+    assert ca not in host_keys.values() and not {"host_ca", "ca"} & host_keys.keys()
+    for where, template in all_pod_templates(rendered, variant):
+        for spec in template["spec"].get("volumes", []):
+            assert not {"hostPath", "configMap"} & spec.keys(), (where, spec["name"])
+            sources = [s["secret"] for s in spec.get("projected", {}).get("sources", [])]
+            sources += [spec["secret"]] if "secret" in spec else []
+            for source in sources:
+                keys = {item["key"] for item in source.get("items", [])} or set(host_keys)
+                assert not {"host_ca", "ca"} & keys, (where, source)
+
+
+def run_worker_keys_init(rendered, tmp_path, host_keys: dict[str, bytes], hostname: str):
+    pod = replica(rendered, "Worker")["template"]["spec"]
+    init = keys_init_container(pod)
+    assert init["command"] == ["/bin/sh", "-ec"]
+    script, zero, *paths = init["args"]
+    mounts = mounts_of(init)
+    assert paths == [mounts[name]["mountPath"] for name in ("host-keys", "ssh-dir")]
+    secret = secret_volume(tmp_path / "host-keys", host_keys, 0o400)
+    out = tmp_path / "ssh-dir"
+    out.mkdir()
+    # The pod's hostname, as uname -n reports it in the pod's UTS namespace.
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "uname").write_text(f"#!/bin/sh\necho {hostname}\n")
+    (fake / "uname").chmod(0o755)
+    done = subprocess.run(
+        ["/bin/sh", "-ec", script, zero, str(secret), str(out)],
+        env={"PATH": f"{fake}:{os.environ['PATH']}"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return done, out
+
+
+def principals(cert: bytes, tmp_path) -> list[str]:
+    path = tmp_path / "cert.pub"
+    path.write_bytes(cert)
+    shown = subprocess.run(["ssh-keygen", "-L", "-f", str(path)], capture_output=True, text=True, check=True)
+    lines = shown.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "Principals:")
+    end = next(i for i, line in enumerate(lines) if line.strip().startswith("Critical Options:"))
+    return [line.strip() for line in lines[start + 1 : end]]
+
+
+@pytest.mark.parametrize("index", [0, 1, 2])
+def test_each_mpijob_worker_gets_its_own_key_certified_for_its_own_names(rendered, tmp_path, index):
+    job = mpijob(rendered)["metadata"]["name"]
+    host_keys = host_keys_secret(tmp_path, job, 3)
+    del host_keys["..ca"]
+    pod = f"{job}-worker-{index}"
+    done, out = run_worker_keys_init(rendered, tmp_path, host_keys, pod)
+    assert done.returncode == 0, done.stderr
+    assert {p.name for p in out.iterdir()} == {*WORKER_FILES, "host_ca.pub", "id_ed25519.pub"}
+    for made in out.iterdir():
+        assert made.is_file() and not made.is_symlink() and made.stat().st_mode & 0o777 == 0o400, made
+    for public in ("host_ca.pub", "id_ed25519.pub"):
+        assert (out / public).read_bytes() == host_keys[public]
+    # Its own key, no other worker's; the log names files, never their content.
+    for file in WORKER_FILES:
+        assert (out / file).read_bytes() == host_keys[f"{pod}.{file}"]
+    others = {host_keys[f"{job}-worker-{i}.ssh_host_ed25519_key"] for i in range(3) if i != index}
+    assert (out / "ssh_host_ed25519_key").read_bytes() not in others
+    assert "PRIVATE KEY" not in done.stdout + done.stderr and f"{pod}:" in done.stdout
+    # Certified by the CA for the names the master dials (the operator's hostfile) and none of another's.
+    names = principals((out / "ssh_host_ed25519_key-cert.pub").read_bytes(), tmp_path)
+    fqdn = f"{pod}.{job}.default.svc"
+    assert names == [pod, f"{pod}.{job}", fqdn, f"{fqdn}.cluster.local"]
+    signed = subprocess.run(
+        ["ssh-keygen", "-L", "-f", str(out / "ssh_host_ed25519_key-cert.pub")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    ca_fingerprint = subprocess.run(
+        ["ssh-keygen", "-l", "-f", str(out / "host_ca.pub")], capture_output=True, text=True, check=True
+    ).stdout.split()[1]
+    assert "host certificate" in signed and f"Signing CA: ED25519 {ca_fingerprint}" in signed
+
+
+def test_an_mpijob_worker_without_a_key_for_its_name_does_not_start(rendered, tmp_path):
+    job = mpijob(rendered)["metadata"]["name"]
+    host_keys = host_keys_secret(tmp_path, job, 2)
+    del host_keys["..ca"]
+    # A third worker (replicas raised without making the Secret again).
+    done, out = run_worker_keys_init(rendered, tmp_path, host_keys, f"{job}-worker-2")
+    assert done.returncode == 2
+    assert f"no host key for {job}-worker-2" in done.stderr and "fix: scripts/k8s-host-keys.sh" in done.stderr
+    assert list(out.iterdir()) == []
 
 
 def test_mpijob_copies_follow_a_rename(tmp_path):
@@ -344,9 +479,10 @@ def test_mpijob_copies_follow_a_rename(tmp_path):
 
     docs = kustomize(copy / MPIJOB)
     job = only(docs, "MPIJob")
-    for role in ("Launcher", "Worker"):
-        pod = job["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]
-        assert "llm-ssh-run-ssh" in projected_items(pod), role
+    launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
+    assert "llm-ssh-run-host-keys" in projected_items(launcher)
+    worker = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert volume(worker, "host-keys")["secret"]["secretName"] == "llm-ssh-run-host-keys"
     own = {"matchLabels": {JOB_LABEL[MPIJOB]: "llm-ssh-run"}}
     by_name = {p["metadata"]["name"]: p for p in policies(docs)}
     assert set(by_name) == {"llm-ssh-run", "llm-ssh-run-ssh"}
@@ -360,20 +496,33 @@ def test_mpijob_copies_follow_a_rename(tmp_path):
 # --- docs ------------------------------------------------------------------------------------------
 
 
-def test_docs_create_the_secrets_the_pods_read(rendered):
+def test_docs_create_the_secrets_the_pods_read(rendered, tmp_path):
     docs = (ROOT / "docs" / "kubernetes.md").read_text(encoding="utf-8")
+    job = mpijob(rendered)["metadata"]["name"]
+    workers = replica(rendered, "Worker")["replicas"]
+    # The documented script, for the shipped MPIJob's name and worker count; its directory's files.
+    assert f"scripts/k8s-host-keys.sh {job} {workers} default\n" in docs
+    host_keys = host_keys_secret(tmp_path, job, workers)
+    del host_keys["..ca"]
     command = r"kubectl create secret generic (\S+)((?:\s+\\?\s*--from-file=\S+)+)"
     commands = {
-        # --from-file=PATH names the key after the file, --from-file=KEY=PATH names it KEY.
+        # --from-file=PATH names the key after the file, --from-file=KEY=PATH names it KEY, and
+        # --from-file=DIRECTORY takes every file in it (the script's .keys/k8s/<job>).
         name: {
-            f.split("=")[0] if "=" in f else PurePosixPath(f).name
+            key
             for f in re.findall(r"--from-file=(\S+)", files)
+            for key in (
+                set(host_keys)
+                if f == f".keys/k8s/{job}"
+                else {f.split("=")[0] if "=" in f else PurePosixPath(f).name}
+            )
         }
         for name, files in re.findall(command, docs)
     }
     assert commands == {
         CLIENT_KEY_SECRET: {"id_ed25519", "id_ed25519.pub"},
         HOST_KEY_SECRET: HOST_IDENTITY,
+        f"{job}-host-keys": set(host_keys),
         "gaudi-cluster-hf-token": {"HF_TOKEN"},
     }
     # Every key a pod reads from one of our Secrets is a file the command puts in it.
@@ -384,6 +533,8 @@ def test_docs_create_the_secrets_the_pods_read(rendered):
                 if "secret" in spec:
                     sources.append({"name": spec["secret"]["secretName"], **spec["secret"]})
                 for source in sources:
-                    if source["name"] in commands:
-                        keys = {item["key"] for item in source["items"]}
-                        assert keys <= commands[source["name"]], (where, source["name"])
+                    name = source.get("name", source.get("secretName"))
+                    assert name in commands, (where, name)  # every Secret a pod names is documented
+                    if name in commands:
+                        keys = {item["key"] for item in source.get("items", [])}
+                        assert keys <= commands[name], (where, name)
