@@ -330,7 +330,9 @@ def docker_free_keys(keys: Path, job: str, workers: int) -> dict[str, bytes]:
 
 def test_mpijob_launcher_trains_on_late_workers_with_per_pod_host_keys(pods, tmp_path):
     # docs/kubernetes.md's token: the Secret, and GAUDI_CLUSTER_ENV_PASS in the settings ConfigMap.
-    mpi = MpiJob(tmp_path, {"GAUDI_CLUSTER_ENV_PASS": "HF_TOKEN"})
+    # Plain rank starts (GAUDI_CLUSTER_PREIMPORT=0): the test reads rank 0's environment in /proc, and a
+    # rank forked by the node's zygote shows the zygote's exec-time environment there, not its own.
+    mpi = MpiJob(tmp_path, {"GAUDI_CLUSTER_ENV_PASS": "HF_TOKEN", "GAUDI_CLUSTER_PREIMPORT": "0"})
     job, settings, worker_names, fqdn = mpi.job, mpi.settings, mpi.worker_names, mpi.fqdn
     token_secret = {HF_TOKEN_SECRET: {"HF_TOKEN": TOKEN}}
     workers = len(worker_names)
@@ -477,7 +479,9 @@ def test_indexed_job_trains_on_every_index_found_through_the_service(pods, tmp_p
         return pods.run(
             hostname,
             aliases,
-            {**env, "JOB_COMPLETION_INDEX": str(index)},
+            # Plain rank starts: the test reads rank 0's environment in /proc, and a rank forked by the
+            # node's zygote shows the zygote's exec-time environment there, not its own.
+            {**env, "JOB_COMPLETION_INDEX": str(index), "GAUDI_CLUSTER_PREIMPORT": "0"},
             volume_mounts(container, volumes),
             [*container["args"], *JOB],
             security_flags(pod_spec, container),
