@@ -17,6 +17,8 @@ from gaudi_cluster.rank import agent, jobdir
 from gaudi_cluster.wire import private_args
 from gaudi_cluster.wire.private_payload import PrivatePayload
 
+from tests.unit.test_plan import plan_inputs
+
 SECRET = "hf_" + "q7Zx" * 6
 PROGRAM = (
     "/opt/venv/bin/python",
@@ -64,19 +66,11 @@ def test_the_hidden_values_are_staged_in_every_nodes_private_file():
 
 
 def _inputs(local: bool, hosts: int) -> PlanInputs:
-    agent_settings = AgentSettings(job_id="j1", job_root="/run/j", heartbeat_timeout_s=10, control="m:29400")
-    return PlanInputs(
+    return plan_inputs(
         hostfile=Hostfile(tuple(HostEntry(f"h{i}", 2) for i in range(hosts))),
-        hostfile_path="/j/hostfile",
-        env={"A": "1"},
-        env_path="/j/deepspeed_env",
-        ssh_config_path="/j/ssh_config",
-        ssh_port=3022,
-        master_addr="10.0.0.1",
-        master_port=29500,
         program=hide_secret_arguments(PROGRAM).argv,
         python="/opt/venv/bin/python",
-        agent=agent_settings,
+        agent=AgentSettings(job_id="j1", job_root="/run/j", heartbeat_timeout_s=10, control="m:29400"),
         local=local,
         this_node="h0",
     )
