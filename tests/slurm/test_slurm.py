@@ -239,7 +239,8 @@ def test_failed_rank_fails_the_slurm_job_with_its_exit_code(slurm):
     assert state == "FAILED", log[-4000:]
     assert slurm.job_field(job, "ExitCode") == "7:0", log[-4000:]
     assert re.search(r"job \S+ failed: host node2 rank 1 exited with code 7", log), log[-4000:]
-    assert wait_until(lambda: no_job_processes_anywhere(slurm), timeout=10)
+    gone = wait_until(lambda: no_job_processes_anywhere(slurm), timeout=10)
+    assert gone, {node: slurm.job_processes(node) for node in NODES}
 
 
 def test_killed_node_fails_the_job_fast_and_stops_the_others(slurm):

@@ -211,3 +211,23 @@ def test_no_preimport_and_its_variable_turn_the_zygote_off_on_every_node():
     for wanted in (True, False):
         launch = FanoutSpec.from_json(plan_for("direct", inputs(preimport=wanted)).stdin or "")
         assert [node.spec.preimport for node in launch.nodes] == [wanted, wanted]
+
+
+def test_a_node_starts_no_zygote_for_a_program_it_could_not_fork():
+    from gaudi_cluster.launch.launchers import plan_for
+    from gaudi_cluster.launch.node import wants_zygote
+    from gaudi_cluster.wire.node_spec import FanoutSpec
+
+    from tests.unit.test_direct import inputs
+
+    def node_wants(program: tuple[str, ...], preimport: bool = True) -> bool:
+        given = inputs(preimport=preimport, program=program)
+        launch = FanoutSpec.from_json(plan_for("direct", given).stdin or "")
+        return wants_zygote(launch.nodes[0].spec)
+
+    python = inputs().python
+    assert node_wants((python, "-u", "train.py", "--steps", "3")) is True
+    assert node_wants((python, "train.py"), preimport=False) is False
+    assert node_wants((python, "-c", "import sys; sys.exit(7)")) is False
+    assert node_wants((python, "-m", "pkg.train")) is False
+    assert node_wants(("bash", "-c", "sleep 1")) is False

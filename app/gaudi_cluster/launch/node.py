@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 
 from gaudi_cluster.errors import ConfigError
 from gaudi_cluster.nodes import srun
+from gaudi_cluster.rank.zygote_rules import script_of
 from gaudi_cluster.wire.node_spec import AGENT_MODULE, ZYGOTE_MODULE, FanoutSpec, NodeSpec, NodeSpecError
 
 
@@ -56,6 +57,20 @@ def agent_command(spec: NodeSpec, zygote_fd: int | None = None) -> list[str]:
 def zygote_environment(rank_env: Mapping[str, str]) -> dict[str, str]:
     """What the node's ranks share (the zygote's environment): one rank's, less its identity."""
     return {k: v for k, v in rank_env.items() if k not in ("RANK", "LOCAL_RANK")}
+
+
+def program_of(spec: NodeSpec) -> tuple[str, ...]:
+    """The ranks' program: what the agent's arguments carry after their `--`."""
+    args = spec.agent_args
+    return args[args.index("--") + 1 :] if "--" in args else ()
+
+
+def wants_zygote(spec: NodeSpec) -> bool:
+    """Whether a zygote could fork this node's ranks: preimport on and a `python [-u] SCRIPT` program.
+
+    Any other program (`-c`, `-m`, bash, another interpreter) starts plainly, so a zygote would only
+    spend its imports, and a job that ends at once would wait for them (it ignores SIGTERM)."""
+    return spec.preimport and not isinstance(script_of(program_of(spec), spec.python), str)
 
 
 def start_zygote(
@@ -101,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gaudi-cluster[node]: error: bad node spec on stdin ({error}); fix: let the master start it")
         return 2
     envs = rank_environments(spec, os.environ)
-    zygote = start_zygote(spec, zygote_environment(envs[0]), len(envs)) if spec.preimport else None
+    zygote = start_zygote(spec, zygote_environment(envs[0]), len(envs)) if wants_zygote(spec) else None
     ends = zygote[1] if zygote else [None] * len(envs)
     try:
         agents = []
