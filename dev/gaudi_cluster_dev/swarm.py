@@ -195,9 +195,9 @@ class Swarm:
             message: messages.Message | None = messages.parse_line(body, allowed)
         except (protocol.Unsealed, messages.BadMessage):
             message = None
-        names = lambda: (rank.master_nonce, rank.nonce, self.job, self.plan.node(rank.node),  # noqa: E731
-                         self.plan.host(rank.node), rank.rank)  # fmt: skip
         key, node, host = self.keys[rank.node], self.plan.node(rank.node), self.plan.host(rank.node)
+        job = self.job
+        transcript = lambda: protocol.Transcript(rank.master_nonce, rank.nonce, job, node, host, rank.rank)  # noqa: E731
         if rank.state == "connecting":
             if not isinstance(message, messages.Challenge):
                 self.failed(rank)
@@ -208,11 +208,11 @@ class Swarm:
             self.send(rank, {**hello, "role": "node"} if rank.relay else hello)
         elif rank.state == "welcome":
             if not isinstance(message, messages.Welcome) or not protocol.same_mac(
-                protocol.welcome_mac(key, *names()), message.mac
+                protocol.welcome_mac(key, transcript()), message.mac
             ):
                 self.failed(rank)
                 return
-            self.send(rank, {"type": "proof", "mac": protocol.proof_mac(key, *names())})
+            self.send(rank, {"type": "proof", "mac": protocol.proof_mac(key, transcript())})
             rank.session = protocol.Session(
                 protocol.session_key(key, rank.master_nonce, rank.nonce, self.job, rank.rank), "agent"
             )

@@ -120,7 +120,9 @@ def hello(rank: int = 0, host: str = HOST, job: str = JOB) -> dict:
 
 
 def proof(server, master_nonce: str, rank: int = 0, host: str = HOST) -> dict:
-    mac = protocol.proof_mac(key_of(server, host), master_nonce, AGENT_NONCE, JOB, host, host, rank)
+    mac = protocol.proof_mac(
+        key_of(server, host), protocol.Transcript(master_nonce, AGENT_NONCE, JOB, host, host, rank)
+    )
     return {"type": "proof", "mac": mac}
 
 

@@ -188,8 +188,10 @@ class Handshake:
         assert isinstance(message, messages.Proof)
         return self._seat(message)
 
-    def _names(self, hello: messages.Hello) -> tuple[str, str, str, str, str, int]:
-        return (self._nonce, hello.nonce, self._gate.job_id, hello.node, hello.host, hello.rank)
+    def _transcript(self, hello: messages.Hello) -> protocol.Transcript:
+        return protocol.Transcript(
+            self._nonce, hello.nonce, self._gate.job_id, hello.node, hello.host, hello.rank
+        )
 
     def _welcome(self, hello: messages.Hello) -> messages.Welcome:
         gate = self._gate
@@ -212,12 +214,12 @@ class Handshake:
         if self._seated(node if hello.is_node else hello.rank):
             raise Refused(f"{who} is already connected")
         self._key = protocol.node_key(gate._secret, node)
-        return messages.Welcome(protocol.welcome_mac(self._key, *self._names(hello)))
+        return messages.Welcome(protocol.welcome_mac(self._key, self._transcript(hello)))
 
     def _seat(self, proof: messages.Proof) -> Seat:
         hello = self._hello
         assert hello is not None
-        if not protocol.same_mac(protocol.proof_mac(self._key, *self._names(hello)), proof.mac):
+        if not protocol.same_mac(protocol.proof_mac(self._key, self._transcript(hello)), proof.mac):
             raise Refused(f"wrong key for node {hello.node[:64]!r} (rank {hello.rank})")
         session = protocol.Session(
             protocol.session_key(self._key, self._nonce, hello.nonce, self._gate.job_id, hello.rank),

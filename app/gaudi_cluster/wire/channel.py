@@ -168,13 +168,13 @@ def authenticate(channel: Channel, me: Identity) -> None:
     welcome = channel.receive(messages.FROM_MASTER_HANDSHAKE)
     if not isinstance(welcome, messages.Welcome):
         raise ConnectionError(f"the master refused this rank: {_why(channel, welcome)}")
-    names = (master_nonce, agent_nonce, me.job, me.node, me.host, me.rank)
-    if not protocol.same_mac(protocol.welcome_mac(me.key, *names), welcome.mac):
+    transcript = protocol.Transcript(master_nonce, agent_nonce, me.job, me.node, me.host, me.rank)
+    if not protocol.same_mac(protocol.welcome_mac(me.key, transcript), welcome.mac):
         raise ConnectionError(
             "the peer at the control address does not prove this job's key (not this job's master, or "
             "this node's key is stale)"
         )
-    channel.send(messages.Proof(protocol.proof_mac(me.key, *names)))
+    channel.send(messages.Proof(protocol.proof_mac(me.key, transcript)))
     channel.session = protocol.Session(
         protocol.session_key(me.key, master_nonce, agent_nonce, me.job, me.rank), role="agent"
     )

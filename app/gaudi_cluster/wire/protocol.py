@@ -27,6 +27,7 @@ import json
 import re
 import secrets
 from collections.abc import Mapping, Sequence
+from dataclasses import astuple, dataclass
 from typing import Any
 
 MAX_LINE = 64 * 1024
@@ -65,16 +66,25 @@ def node_key(secret: str, node: str) -> str:
     return _mac(secret, "node", node)
 
 
-def welcome_mac(
-    key: str, master_nonce: str, agent_nonce: str, job: str, node: str, host: str, rank: int
-) -> str:
-    return _mac(key, "welcome", master_nonce, agent_nonce, job, node, host, rank)
+@dataclass(frozen=True, slots=True)
+class Transcript:
+    """What both handshake MACs bind: both nonces and who the agent says it is (a node relay names
+    rank NODE_RANK)."""
+
+    master_nonce: str
+    agent_nonce: str
+    job: str
+    node: str
+    host: str
+    rank: int
 
 
-def proof_mac(
-    key: str, master_nonce: str, agent_nonce: str, job: str, node: str, host: str, rank: int
-) -> str:
-    return _mac(key, "proof", master_nonce, agent_nonce, job, node, host, rank)
+def welcome_mac(key: str, transcript: Transcript) -> str:
+    return _mac(key, "welcome", *astuple(transcript))
+
+
+def proof_mac(key: str, transcript: Transcript) -> str:
+    return _mac(key, "proof", *astuple(transcript))
 
 
 def session_key(key: str, master_nonce: str, agent_nonce: str, job: str, rank: int) -> str:
