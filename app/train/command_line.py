@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from gaudi_cluster.wire.kinds import Accelerator
+
 from train import device
 from train.errors import UsageError, first_line
 
@@ -93,10 +95,10 @@ def with_run_defaults(argv: list[str], choice: device.DeviceChoice) -> list[str]
         argv = rewrite_argv(argv, "deepspeed", resolve_config_file(ds, "--deepspeed"))
     if device.flag_value(argv, "report_to") is None:
         argv = [*argv, "--report_to", "none"]
-    if choice.kind == "cpu" and device.flag_value(argv, "use_cpu") is None:
+    if choice.kind is Accelerator.CPU and device.flag_value(argv, "use_cpu") is None:
         # accelerate only sets up a CPU process group (gloo) when told it is on CPU, DeepSpeed included
         argv = [*argv, "--use_cpu"]
-    if choice.gaudi and choice.kind == "cpu":
+    if choice.gaudi and choice.kind is Accelerator.CPU:
         # GaudiTrainingArguments off HPU: lazy mode (default on) and a GaudiConfig name are refused there;
         # the name is read by device.gaudi_trainer_kwargs instead.
         argv = drop_flag(argv, "gaudi_config_name")

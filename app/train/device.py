@@ -31,6 +31,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from gaudi_cluster.wire.kinds import Accelerator
+
 from train.errors import UsageError
 
 log = logging.getLogger("train.device")
@@ -60,9 +62,13 @@ TRAINERS = ("gaudi", "native")
 
 @dataclass(frozen=True)
 class DeviceChoice:
-    kind: str  # "hpu" | "cuda" | "cpu"
+    kind: Accelerator
     gaudi: bool  # True: the optimum-habana stack is used
     native: bool = False  # --trainer native: transformers' own Trainer where GaudiTrainer would run
+
+    def __post_init__(self) -> None:
+        # A plain "cpu" (a test's, a setting's) becomes the member, so `is` comparisons hold.
+        object.__setattr__(self, "kind", Accelerator(self.kind))
 
 
 def flag_value(argv: list[str], name: str) -> str | None:
@@ -123,7 +129,7 @@ def choose(argv: list[str]) -> DeviceChoice:
             raise UsageError(
                 f"--use_habana with {GAUDI_STACK_ON_CPU}=1: the Gaudi stack runs on CPU; drop one"
             )
-        return DeviceChoice("cpu", not native, native)
+        return DeviceChoice(Accelerator.CPU, not native, native)
     if flag_true(argv, "use_habana") and native:
         # Eager unless lazy mode is asked for: transformers' Trainer makes no mark_step calls.
         os.environ.setdefault("PT_HPU_LAZY_MODE", "1" if flag_true(argv, "use_lazy_mode") else "0")
@@ -132,7 +138,7 @@ def choose(argv: list[str]) -> DeviceChoice:
                 "--use_habana --trainer native given but no Gaudi HPU is usable here (habana_frameworks "
                 "missing or no device); drop --use_habana to run on CUDA/CPU"
             )
-        return DeviceChoice("hpu", False, True)
+        return DeviceChoice(Accelerator.HPU, False, True)
     if flag_true(argv, "use_habana"):
         if flag_true(argv, "use_lazy_mode") or flag_value(argv, "use_lazy_mode") is None:
             # optimum-habana wants lazy mode chosen before habana_frameworks is imported
@@ -144,10 +150,10 @@ def choose(argv: list[str]) -> DeviceChoice:
                 "--use_habana given but no Gaudi HPU is usable here (habana_frameworks missing or no "
                 "device); drop --use_habana to run on CUDA/CPU"
             )
-        return DeviceChoice("hpu", True)
+        return DeviceChoice(Accelerator.HPU, True)
     import torch
 
-    return DeviceChoice("cuda" if torch.cuda.is_available() else "cpu", False)
+    return DeviceChoice(Accelerator.CUDA if torch.cuda.is_available() else Accelerator.CPU, False)
 
 
 def note_ignored_flags(argv: list[str], choice: DeviceChoice) -> None:
@@ -157,7 +163,7 @@ def note_ignored_flags(argv: list[str], choice: DeviceChoice) -> None:
     ignored = [
         f"--{n}" for n in ("gaudi_config_name", "use_lazy_mode", "adjust_throughput") if flag_value(argv, n)
     ]
-    if choice.native and choice.kind == "hpu":
+    if choice.native and choice.kind is Accelerator.HPU:
         # Lazy mode is the HPU's own switch (PT_HPU_LAZY_MODE, set in choose()): the native trainer too.
         ignored = [flag for flag in ignored if flag != "--use_lazy_mode"]
     if ignored:
@@ -196,7 +202,7 @@ def gaudi_trainer_kwargs(
     from optimum.habana import GaudiConfig  # type: ignore[import-not-found]
 
     name = training_args.gaudi_config_name or (
-        flag_value(argv or [], "gaudi_config_name") if choice.kind == "cpu" else None
+        flag_value(argv or [], "gaudi_config_name") if choice.kind is Accelerator.CPU else None
     )
     gaudi_config = GaudiConfig.from_pretrained(name, cache_dir=cache_dir) if name else GaudiConfig()
     return {"gaudi_config": gaudi_config}
@@ -205,11 +211,11 @@ def gaudi_trainer_kwargs(
 def device_name(choice: DeviceChoice) -> str:
     """A lower-case device name for the peak table ("gaudi2", "nvidia h200 ...", "cpu")."""
     try:
-        if choice.kind == "hpu":
+        if choice.kind is Accelerator.HPU:
             import habana_frameworks.torch.hpu as hthpu  # type: ignore[import-not-found]
 
             return str(hthpu.get_device_name()).lower()
-        if choice.kind == "cuda":
+        if choice.kind is Accelerator.CUDA:
             import torch
 
             return torch.cuda.get_device_name().lower()
@@ -225,7 +231,7 @@ def peak_tflops(choice: DeviceChoice, override: float | None) -> float | None:
     for key, value in PEAK_TFLOPS.items():
         if key in name:
             return value
-    return PEAK_TFLOPS["cpu"] if choice.kind == "cpu" else None
+    return PEAK_TFLOPS["cpu"] if choice.kind is Accelerator.CPU else None
 
 
 def global_batch_size(training_args: Any) -> int:

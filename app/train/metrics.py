@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gaudi_cluster.wire.kinds import Accelerator
+
 PLOT_NAME = "training_curves.png"
 
 
@@ -111,11 +113,11 @@ def eval_metrics(trainer_metrics: dict[str, Any], eval_samples: int) -> dict[str
     return metrics
 
 
-def memory_metrics(kind: str) -> dict[str, float]:
+def memory_metrics(kind: Accelerator) -> dict[str, float]:
     """Peak device memory of this rank in GB, where the device reports it."""
     gb = 1024**3
     try:
-        if kind == "cuda":
+        if kind is Accelerator.CUDA:
             import torch
 
             return {
@@ -124,7 +126,7 @@ def memory_metrics(kind: str) -> dict[str, float]:
                     torch.cuda.get_device_properties(0).total_memory / gb, 3
                 ),
             }
-        if kind == "hpu":
+        if kind is Accelerator.HPU:
             import habana_frameworks.torch.hpu as hthpu  # type: ignore[import-not-found]
 
             stats = hthpu.memory_stats()
