@@ -54,16 +54,17 @@ def test_the_plan_is_one_fanout_with_a_spec_per_node():
 def test_the_wire_format_keeps_its_fields_and_gains_a_schema():
     """What crosses to the fanout and the nodes, as JSON: the fields and their meaning of before."""
     launch = json.loads(plan_for("direct", inputs()).stdin)
-    # Schema 2: the launch gained `srun` (empty outside Slurm: ssh as before); 3: a node's `preimport`.
-    assert (launch["schema"], launch["python"], launch["ssh_config"]) == (3, PY, "/j/ssh_config")
+    # Schema 2: the launch gained `srun` (empty outside Slurm: ssh as before); 3: a node's `preimport`;
+    # 4: how long its zygote stays warm (`preimport_keep_s`).
+    assert (launch["schema"], launch["python"], launch["ssh_config"]) == (4, PY, "/j/ssh_config")
     assert launch["srun"] == []
     assert [(n["host"], n["here"]) for n in launch["nodes"]] == [("10.0.0.1", True), ("10.0.0.2", False)]
     second = launch["nodes"][1]["spec"]
     assert second == {
-        "schema": 3, "node_rank": 1, "nnodes": 2, "first_rank": 2, "slots": [0, 1], "world_size": 4,
+        "schema": 4, "node_rank": 1, "nnodes": 2, "first_rank": 2, "slots": [0, 1], "world_size": 4,
         "master_addr": "10.0.0.1", "master_port": 29500, "cwd": "/w", "env": {"HCCL_X": "1"}, "python": PY,
         "agent_args": [*AGENT.args(("PROGRAM",))[:-1], PY, "-u", "/w/train.py", "--lr", "1"],
-        "preimport": True,
+        "preimport": True, "preimport_keep_s": 0.0,
     }  # fmt: skip
 
 

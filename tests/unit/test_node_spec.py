@@ -77,7 +77,7 @@ def test_a_spec_is_frozen_and_keeps_no_caller_list():
 @pytest.mark.parametrize(
     ("data", "match"),
     [
-        pytest.param(spec_dict(schema=1), "schema 1, this end reads 3", id="other-schema"),
+        pytest.param(spec_dict(schema=1), "schema 1, this end reads 4", id="other-schema"),
         pytest.param({k: v for k, v in spec_dict().items() if k != "schema"}, "schema None", id="no-schema"),
         pytest.param(
             {k: v for k, v in spec_dict().items() if k != "cwd"}, r"missing field\(s\) cwd", id="missing"
@@ -98,6 +98,10 @@ def test_a_spec_is_frozen_and_keeps_no_caller_list():
         pytest.param(spec_dict(env=["A=1"]), "'env' must map names to strings", id="env-list"),
         pytest.param(spec_dict(agent_args="--job-id j1"), "'agent_args' must be a list", id="args-string"),
         pytest.param(spec_dict(preimport="0"), "'preimport' must be true or false", id="preimport-string"),
+        pytest.param(
+            spec_dict(preimport_keep_s=-1), "'preimport_keep_s' must be a number of seconds", id="keep-<0"
+        ),
+        pytest.param(spec_dict(preimport_keep_s=True), "'preimport_keep_s' must be a number", id="keep-bool"),
         pytest.param(
             spec_dict(agent_args=["--x", 1]), "'agent_args' must be a list of strings", id="args-int"
         ),

@@ -1,17 +1,23 @@
-"""The pre-imported rank (rank/zygote): the guard, the key, and a forked rank that sees what a plain
-start gives it."""
+"""The pre-imported rank (rank/zygote): the guard, the key, a forked rank that sees what a plain start
+gives it, and the zygote kept warm for the next attempt."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
+import stat
+import struct
 import subprocess
 import sys
+import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
+from gaudi_cluster.launch.node import connect_agents, start_zygote, zygote_place
 from gaudi_cluster.rank import zygote_client
 from gaudi_cluster.rank.zygote_rules import (
     CPU_PRELOAD,
@@ -22,6 +28,9 @@ from gaudi_cluster.rank.zygote_rules import (
     preload_modules,
     script_of,
 )
+from gaudi_cluster.wire.node_spec import NodeSpec
+
+from tests.support.waiting import wait_for
 
 PY = sys.executable
 
@@ -120,6 +129,16 @@ def dump_script(tmp_path: Path) -> Path:
     return script
 
 
+def serve(tmp_path: Path, env: dict[str, str], keep_s: float = 0) -> tuple[subprocess.Popen[bytes], Path]:
+    """A zygote listening in tmp_path (once its socket is there), as launch/node starts one."""
+    path = tmp_path / "z.sock"
+    server = subprocess.Popen(
+        [PY, "-u", "-m", "gaudi_cluster.rank.zygote", "--listen", str(path), "--keep-s", str(keep_s)], env=env
+    )
+    assert wait_for(path.exists, 30)
+    return server, path
+
+
 def _rank_env(tmp_path: Path, rank: int, how: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
     # OpenBLAS (numpy, under torch) starts a thread pool at import unless told one thread.
@@ -139,17 +158,9 @@ def test_a_forked_rank_sees_what_a_plain_start_gives(tmp_path, dump_script):
     workdir.mkdir()
     program = [PY, "-u", str(dump_script), "--lr", "1", "x y"]
     zygote_env = {k: v for k, v in _rank_env(tmp_path, 0, "z").items() if k not in ("RANK", "LOCAL_RANK")}
-    pairs = [socket.socketpair() for _ in range(2)]
-    theirs = [b.fileno() for _, b in pairs]
-    server = subprocess.Popen(
-        [PY, "-u", "-m", "gaudi_cluster.rank.zygote", "--fds", ",".join(map(str, theirs))],
-        env=zygote_env,
-        pass_fds=theirs,
-    )
-    for _, b in pairs:
-        b.close()
+    server, path = serve(tmp_path, zygote_env)
     try:
-        links = [zygote_client.ZygoteLink(a) for a, _ in pairs]
+        links = [zygote_client.ZygoteLink(conn) for conn in connect_agents(path, 2) or []]
         assert [link.wait_ready() for link in links] == [None, None]
         children = [
             link.start(program, _rank_env(tmp_path, rank, "z"), str(workdir))
@@ -177,15 +188,9 @@ def test_a_forked_rank_sees_what_a_plain_start_gives(tmp_path, dump_script):
 
 
 def test_a_rank_with_other_import_time_settings_is_refused_with_its_reason(tmp_path, dump_script):
-    a, b = socket.socketpair()
-    server = subprocess.Popen(
-        [PY, "-u", "-m", "gaudi_cluster.rank.zygote", "--fds", str(b.fileno())],
-        env={**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "hpu"},
-        pass_fds=(b.fileno(),),
-    )
-    b.close()
+    server, path = serve(tmp_path, {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "hpu"})
     env = {**os.environ, "OMP_NUM_THREADS": "2", "DS_ACCELERATOR": "hpu"}
-    link = zygote_client.ZygoteLink(a)
+    link = zygote_client.ZygoteLink((connect_agents(path, 1) or [])[0])
     assert link.wait_ready() is None
     answer = link.start([PY, str(dump_script)], env, str(tmp_path))
     link.close()
@@ -231,3 +236,95 @@ def test_a_node_starts_no_zygote_for_a_program_it_could_not_fork():
     assert node_wants((python, "-c", "import sys; sys.exit(7)")) is False
     assert node_wants((python, "-m", "pkg.train")) is False
     assert node_wants(("bash", "-c", "sleep 1")) is False
+
+
+def _node_spec(cwd: Path, keep_s: float) -> NodeSpec:
+    return NodeSpec(
+        node_rank=0, nnodes=1, first_rank=0, slots=(0,), world_size=1, master_addr="127.0.0.1",
+        master_port=29500, cwd=str(cwd), env={}, python=PY, agent_args=("--", PY, "t.py"),
+        preimport_keep_s=keep_s,
+    )  # fmt: skip
+
+
+def _peer_pid(conn: socket.socket) -> int:
+    return struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie of ours: ended
+        return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+@pytest.fixture
+def node_temp(short_tmp, monkeypatch) -> Path:
+    """launch/node's temporary directory for one test (its zygotes' sockets live under it)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(short_tmp))
+    return short_tmp
+
+
+def test_the_next_attempt_finds_the_zygote_warm_and_other_settings_retire_it(
+    node_temp, tmp_path, dump_script
+):
+    """Two attempts of the same settings share one zygote (no second import); a job with another
+    import-time setting gets a zygote of its own, and the first leaves once its agents have gone."""
+    env = {k: v for k, v in _rank_env(tmp_path, 0, "w").items() if k not in ("RANK", "LOCAL_RANK")}
+    spec = _node_spec(tmp_path, keep_s=120)
+    first = start_zygote(spec, env, 1)
+    assert first is not None and first.leaves_with_us is None  # warm: it outlives the node process
+    link = zygote_client.ZygoteLink(first.conns[0])
+    assert link.wait_ready() is None
+    pid = _peer_pid(first.conns[0])
+    child = link.start([PY, "-u", str(dump_script)], {**env, "RANK": "0"}, str(tmp_path))
+    assert isinstance(child, zygote_client.ZygoteChild) and child.wait() == 0
+    link.close()
+
+    again = start_zygote(spec, env, 2)  # the restart: the same zygote answers, ready at once
+    assert again is not None and {_peer_pid(conn) for conn in again.conns} == {pid}
+    started = time.monotonic()
+    assert [zygote_client.ZygoteLink(conn).wait_ready() for conn in again.conns] == [None, None]
+    assert time.monotonic() - started < 1.0
+    place = node_temp / f"gaudi-cluster-zygotes-{os.getuid()}"
+    assert stat.S_IMODE(place.stat().st_mode) == 0o700 and len(list(place.glob("*.sock"))) == 1
+
+    other = start_zygote(spec, {**env, "OMP_NUM_THREADS": "1", "TORCH_X": "1"}, 1)
+    assert other is not None and _peer_pid(other.conns[0]) != pid
+    assert len(list(place.glob("*.sock"))) == 1  # the first one's socket went: it takes no one new
+    assert not _gone(pid)  # its agents are still connected: it serves them
+    for conn in again.conns:
+        conn.close()
+    assert wait_for(lambda: _gone(pid), 10), "the retired zygote did not leave"
+    newer = _peer_pid(other.conns[0])
+    other.conns[0].close()
+    os.kill(newer, signal.SIGKILL)  # warm for 120 s otherwise
+
+
+def test_with_keep_0_the_zygote_leaves_with_its_agents(node_temp, tmp_path):
+    env = {k: v for k, v in _rank_env(tmp_path, 0, "k").items() if k not in ("RANK", "LOCAL_RANK")}
+    zygote = start_zygote(_node_spec(tmp_path, keep_s=0), env, 1)
+    assert zygote is not None and zygote.leaves_with_us is not None
+    assert zygote_client.ZygoteLink(zygote.conns[0]).wait_ready() is None
+    zygote.conns[0].close()
+    assert zygote.leaves_with_us.wait(timeout=30) == 0
+
+
+def test_a_zygote_directory_others_can_enter_is_refused(short_tmp):
+    place = short_tmp / f"gaudi-cluster-zygotes-{os.getuid()}"
+    place.mkdir(mode=0o700)
+    place.chmod(0o777)
+    assert "is not a directory of ours closed to others" in str(zygote_place(os.getuid(), str(short_tmp)))
+    place.chmod(0o700)
+    assert zygote_place(os.getuid(), str(short_tmp)) == place
+
+
+def test_the_zygote_stays_warm_by_default_and_never_inside_a_slurm_job():
+    from gaudi_cluster.launch.prepare import preimport_keep_s
+    from gaudi_cluster.settings.config import resolve_config
+
+    keep = resolve_config({}, {}).preimport_keep
+    assert keep == 600.0 and preimport_keep_s(keep, {}) == 600.0
+    assert preimport_keep_s(keep, {"SLURM_JOB_ID": "7"}) == 0.0
+    assert resolve_config({}, {"GAUDI_CLUSTER_PREIMPORT_KEEP": "0"}).preimport_keep == 0.0

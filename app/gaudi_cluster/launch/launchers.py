@@ -320,6 +320,7 @@ class DirectLauncher:
                 python=inputs.python,
                 agent_args=agent_args,
                 preimport=inputs.preimport,
+                preimport_keep_s=inputs.preimport_keep_s,
             )
             entries.append(NodeEntry(entry.host, _is_here(inputs, entry.host), spec))
             first += entry.slots

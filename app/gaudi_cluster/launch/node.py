@@ -7,25 +7,32 @@ torch.distributed environment DeepSpeed's launch.py would: RANK,
 LOCAL_RANK, WORLD_SIZE, LOCAL_SIZE, CROSS_RANK, CROSS_SIZE, MASTER_ADDR, MASTER_PORT and
 CUDA_VISIBLE_DEVICES (every DeepSpeed accelerator sets that one to the node's slot ids), plus the
 job's variables, in the master's working directory with it first on PYTHONPATH (as DeepSpeed's
-runner does). It imports no torch itself; unless the spec says `preimport: false` (--no-preimport) it
-first starts the node's zygote (rank/zygote, with the environment the ranks share and one socketpair
-per agent), which imports the heavy libraries once while the agents join, and forks the ranks. It
+runner does). It imports no torch itself; unless the spec says `preimport: false` (--no-preimport) its
+agents connect to the node's zygote for the ranks' import-time settings (rank/zygote): the warm one a
+previous attempt or job left, else a new one that imports the heavy libraries once while the agents
+join (and retires the node's zygote of other settings); it forks the ranks. It
 exits when every agent has, with the first failing agent's code; SIGTERM/SIGINT/SIGHUP reach every
 agent.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 from gaudi_cluster.errors import ConfigError
 from gaudi_cluster.nodes import srun
-from gaudi_cluster.rank.zygote_rules import script_of
+from gaudi_cluster.rank.zygote_rules import script_of, start_environment, zygote_name
 from gaudi_cluster.wire.node_spec import AGENT_MODULE, ZYGOTE_MODULE, FanoutSpec, NodeSpec, NodeSpecError
 
 
@@ -73,30 +80,108 @@ def wants_zygote(spec: NodeSpec) -> bool:
     return spec.preimport and not isinstance(script_of(program_of(spec), spec.python), str)
 
 
-def start_zygote(
-    spec: NodeSpec, env: Mapping[str, str], ranks: int
-) -> tuple[subprocess.Popen[bytes], list[socket.socket]] | None:
-    """The node's zygote and each agent's end of its socket, or None (the ranks then start plainly)."""
-    pairs = [socket.socketpair() for _ in range(ranks)]
-    theirs = [pair[1].fileno() for pair in pairs]
+# How long a node process waits for the zygote it started to open its socket (an interpreter start).
+LISTEN_WAIT_S = 10.0
+
+
+def zygote_place(uid: int, temp: str) -> Path | str:
+    """The node's directory of warm zygote sockets (one per user), or why it cannot be used: it must
+    be a real directory of ours that no one else can enter (a socket there forks as us)."""
+    place = Path(temp) / f"gaudi-cluster-zygotes-{uid}"
+    with contextlib.suppress(FileExistsError):
+        place.mkdir(mode=0o700)
+    st = place.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or stat.S_IMODE(st.st_mode) & 0o077:
+        return f"{place} is not a directory of ours closed to others (remove it)"
+    return place
+
+
+def connect_agents(path: Path, ranks: int) -> list[socket.socket] | None:
+    """One connection per agent to the zygote at `path`, or None when none answers there."""
+    conns: list[socket.socket] = []
+    for _ in range(ranks):
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conns.append(conn)
+        try:
+            conn.connect(str(path))
+        except OSError:
+            for made in conns:
+                made.close()
+            return None
+    return conns
+
+
+def start_zygote(spec: NodeSpec, env: Mapping[str, str], ranks: int) -> Zygote | None:
+    """Each agent's connection to this node's zygote for these settings: the warm one when it answers,
+    else a new one (which retires the node's other zygote); None: the ranks then start plainly."""
+    place = zygote_place(os.getuid(), tempfile.gettempdir())
+    if isinstance(place, str):
+        print(f"gaudi-cluster[node]: preimport off: {place}", flush=True)
+        return None
+    name = zygote_name(env, spec.python)
+    path = place / f"{name}.sock"
+    conns = connect_agents(path, ranks)
+    if conns is not None:
+        return Zygote(None, conns)
+    for old in place.glob("*.sock"):  # a dead one's file, or the zygote of other settings
+        old.unlink(missing_ok=True)
+    process = spawn_zygote(spec, env, path, place / f"{name}.log")
+    if process is None:
+        return None
+    deadline = time.monotonic() + LISTEN_WAIT_S
+    while not path.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    conns = connect_agents(path, ranks)
+    if conns is None:
+        print(f"gaudi-cluster[node]: preimport off: the zygote did not open {path}", flush=True)
+        return None
+    return Zygote(None if spec.preimport_keep_s > 0 else process, conns)
+
+
+def spawn_zygote(
+    spec: NodeSpec, env: Mapping[str, str], path: Path, log: Path
+) -> subprocess.Popen[bytes] | None:
+    """A new zygote listening at `path`, its output in `log`: a warm one outlives this ssh session and
+    must not hold the session's output open, nor be in its session."""
+    command = [
+        spec.python,
+        "-u",
+        "-m",
+        ZYGOTE_MODULE,
+        "--listen",
+        str(path),
+        "--keep-s",
+        f"{spec.preimport_keep_s:g}",
+    ]
     try:
-        zygote = subprocess.Popen(
-            [spec.python, "-u", "-m", ZYGOTE_MODULE, "--fds", ",".join(map(str, theirs))],
-            env=dict(env),
+        output = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    except OSError as error:
+        print(f"gaudi-cluster[node]: preimport off: cannot open {log}: {error.strerror}", flush=True)
+        return None
+    try:
+        return subprocess.Popen(
+            command,
+            env=start_environment(env),
             cwd=spec.cwd,
             stdin=subprocess.DEVNULL,
-            pass_fds=theirs,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=spec.preimport_keep_s > 0,
         )
     except OSError as error:
         print(f"gaudi-cluster[node]: preimport off: cannot start the zygote: {error.strerror}", flush=True)
-        zygote = None
-    for pair in pairs:
-        pair[1].close()
-    if zygote is None:
-        for pair in pairs:
-            pair[0].close()
         return None
-    return zygote, [pair[0] for pair in pairs]
+    finally:
+        os.close(output)
+
+
+@dataclass(frozen=True)
+class Zygote:
+    """The node's zygote as this node process holds it: each agent's connection, and the process
+    itself when it leaves with the job (keep 0) and is to be waited for."""
+
+    leaves_with_us: subprocess.Popen[bytes] | None
+    conns: list[socket.socket]
 
 
 def read_spec(text: str, from_launch: bool, env: Mapping[str, str]) -> NodeSpec:
@@ -117,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     envs = rank_environments(spec, os.environ)
     zygote = start_zygote(spec, zygote_environment(envs[0]), len(envs)) if wants_zygote(spec) else None
-    ends = zygote[1] if zygote else [None] * len(envs)
+    ends: list[socket.socket | None] = list(zygote.conns) if zygote else [None] * len(envs)
     try:
         agents = []
         for env, end in zip(envs, ends, strict=True):
@@ -146,13 +231,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, forward)
-    # The zygote leaves once every agent has closed its end: ours go now, the agents' with them.
+    # The zygote's idle time starts once every agent has closed its end: ours go now, theirs with them.
     for end in ends:
         if end is not None:
             end.close()
     codes = [agent.wait() for agent in agents]
-    if zygote:
-        zygote[0].wait()
+    if zygote and zygote.leaves_with_us:
+        zygote.leaves_with_us.wait()  # not warm (Slurm): nothing of the job outlives this process
     return next((code for code in codes if code), 0)
 
 

@@ -229,6 +229,7 @@ class PlanInputs:
     # `hostfile` (then already narrowed to the selected hosts) runs its ranks on; empty: 0..slots-1.
     device_ids: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     preimport: bool = True  # the direct launcher's nodes start ranks from a pre-imported zygote
+    preimport_keep_s: float = 0.0  # how long each node's zygote stays warm after the attempt
 
     def check_first_slots(self, launcher: str) -> None:
         """mpirun and torchrun give a node's ranks devices 0..N-1: a selection of other slots cannot hold."""

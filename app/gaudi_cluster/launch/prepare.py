@@ -77,6 +77,7 @@ class PrepareSettings:
     heartbeat_timeout: float
     job_root: str
     preimport: bool = True  # the direct launcher's nodes fork their ranks from a zygote (rank/zygote)
+    preimport_keep: float = 0.0  # seconds a node's zygote stays warm after the attempt
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,12 @@ def staged_values(
     user_files = tuple(user_env_files(environ))
     private = {**jobenv.private_values(user_files, env_pass, environ), **(hidden_arguments or {})}
     return StagedValues(user_files, private, protocol.new_token())
+
+
+def preimport_keep_s(keep: float, environ: Mapping[str, str]) -> float:
+    """How long each node's zygote stays warm after an attempt: never inside a Slurm job, whose
+    processes end with its steps (nothing of ours outlives an allocation)."""
+    return 0.0 if "SLURM_JOB_ID" in environ else keep
 
 
 def stable_hostfile_path(job_root: str) -> Path:
@@ -259,6 +266,7 @@ def prepare(
         srun=_launch_step(survey, launch_hostfile),
         device_ids={host: tuple(slots) for host, slots in active.items()} if selects else {},
         preimport=settings.preimport,
+        preimport_keep_s=preimport_keep_s(settings.preimport_keep, environ),
         mpi_tree_spawn=any(
             name.startswith(("OMPI_MCA_", "PRTE_MCA_")) and name.endswith("_no_tree_spawn")
             for name in environ

@@ -1,15 +1,20 @@
 """Node: the pre-imported rank (a per-node zygote): one process imports the workload's heavy libraries
 once and forks each rank from there, which then runs its script as `__main__`.
 
-`python -u -m gaudi_cluster.rank.zygote --fds N,M,...` is started by the node process (launch/node)
-with the environment its ranks share, one end of a socketpair per agent. It imports
-zygote_rules.preload_modules (what fails to import is left to the rank), tells each agent it is
-ready, then serves them from one thread: an agent sends a ForkRequest (program, environment, working
-directory) with its rank's stdin and output as file descriptors; the zygote answers the rank's pid,
-or why it will not fork (zygote_rules: a second thread, a device file open, a device bridge
-imported, another import-time setting, a program that is no `python [-u] SCRIPT`), and the rank's
-wait status once it ends. It ignores SIGTERM/SIGINT/SIGHUP (the agents stop their ranks) and leaves
-once every agent has gone and every rank it forked has ended. The agent's side is
+`python -u -m gaudi_cluster.rank.zygote --listen PATH --keep-s N` is started by the node process
+(launch/node) with the import-time settings its ranks share (zygote_rules.start_environment) and
+listens on PATH, a Unix socket named after those settings (zygote_rules.zygote_name). It imports
+zygote_rules.preload_modules (what fails to import is left to the rank), then serves its agents from
+one thread: each agent connects and is told the zygote is ready, then sends a ForkRequest (program,
+environment, working directory) with its rank's stdin and output as file descriptors; the zygote
+answers the rank's pid, or why it will not fork (zygote_rules: a second thread, a device file open, a
+device bridge imported, another import-time setting, a program that is no `python [-u] SCRIPT`, its
+libraries changed on disk), and the rank's wait status once it ends.
+
+It stays warm for the next attempt or job: once no agent and no rank is left it waits N seconds for
+the next agent (0: it leaves with the job, as under Slurm), and it leaves as soon as its socket is no
+longer its own (launch/node retires the previous zygote of a node when a job needs other settings).
+It ignores SIGTERM/SIGINT/SIGHUP (the agents stop their ranks). The agent's side is
 rank/zygote_client (`ZygoteLink`, and `ZygoteChild` in Popen's shape).
 """
 
@@ -24,8 +29,10 @@ import random
 import selectors
 import signal
 import socket
+import struct
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 
 from gaudi_cluster.rank.zygote_rules import (
@@ -39,6 +46,10 @@ from gaudi_cluster.rank.zygote_rules import (
 )
 
 MAX_REQUEST = 1 << 20
+# A zygote no agent has reached yet leaves after this long (the node process that started it is gone).
+FIRST_AGENT_S = 60.0
+# How often an idle zygote checks that its socket is still its own.
+RETIRE_CHECK_S = 1.0
 
 
 def _open_files() -> list[str]:
@@ -60,6 +71,18 @@ def preload(env: Mapping[str, str]) -> None:
             importlib.import_module(name)
         except Exception:
             return
+
+
+def library_stamp() -> tuple[tuple[str, int, int], ...]:
+    """The preloaded libraries' files as they are on disk: a reinstall changes it, and a rank forked
+    from the old modules would run code that is no longer there."""
+    stamps = []
+    for name in ("torch", "transformers", "deepspeed"):
+        path = getattr(sys.modules.get(name), "__file__", None)
+        with contextlib.suppress(OSError, TypeError):
+            st = os.stat(path)  # type: ignore[arg-type]
+            stamps.append((name, st.st_ino, st.st_mtime_ns))
+    return tuple(stamps)
 
 
 # --- the rank, in the forked child ---------------------------------------------------------------
@@ -139,29 +162,87 @@ def become_rank(request: ForkRequest, script: Script, stdin_fd: int, out_fd: int
 
 class Zygote:
     def __init__(
-        self, conns: Sequence[socket.socket], env: Mapping[str, str], imported: Mapping[str, str]
+        self,
+        listener: socket.socket,
+        path: str,
+        env: Mapping[str, str],
+        imported: Mapping[str, str],
+        keep_s: float,
     ) -> None:
+        self.listener, self.path, self.keep_s = listener, path, keep_s
+        self.inode = os.stat(path).st_ino  # the socket file is ours while this inode sits at `path`
         self.env = dict(env)  # as the node process gave it, before the imports
         self.imported = dict(imported)  # what the imports set in os.environ (a plain rank's do too)
+        self.libraries = library_stamp()
         self.selector = selectors.DefaultSelector()
-        self.conns = set(conns)
+        self.selector.register(listener, selectors.EVENT_READ, "listener")
+        self.conns: set[socket.socket] = set()
         self.ranks: dict[int, socket.socket] = {}  # pidfd -> the agent that asked for it
         self.pids: dict[int, int] = {}  # pidfd -> pid
-        for conn in conns:
-            self.selector.register(conn, selectors.EVENT_READ, "agent")
+        self.served = False
+        self.idle_since = time.monotonic()
 
     def serve(self) -> None:
-        while self.conns or self.ranks:
-            for key, _ in self.selector.select():
-                if key.data == "agent":
+        while True:
+            wait = self._wait_s()
+            if wait is not None and wait <= 0:
+                self.retire()
+                if not self.selector.select(0):  # an agent that connected meanwhile is still served
+                    return
+            for key, _ in self.selector.select(wait):
+                if key.data == "listener":
+                    self._accept()
+                elif key.data == "agent":
                     self._request(key.fileobj)  # type: ignore[arg-type]
                 else:
                     self._reaped(key.fd)
+
+    def _wait_s(self) -> float | None:
+        """How long to wait for the next event: None while agents or ranks are here; else the idle time
+        left (at most RETIRE_CHECK_S, so that a retired zygote leaves soon), 0 when it is over."""
+        if self.conns or self.ranks:
+            return None
+        if not self._owns_socket():
+            return 0
+        keep = self.keep_s if self.served else max(self.keep_s, FIRST_AGENT_S)
+        return max(0.0, min(RETIRE_CHECK_S, self.idle_since + keep - time.monotonic()))
+
+    def _owns_socket(self) -> bool:
+        try:
+            return os.stat(self.path).st_ino == self.inode
+        except OSError:
+            return False
+
+    def retire(self) -> None:
+        """No new agent from now on: the socket goes (if still ours); agents already here are served."""
+        if self._owns_socket():
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+        self.inode = -1
+
+    def _accept(self) -> None:
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return
+        uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
+        if uid != os.getuid():  # the directory is ours alone; a stranger's connection is refused anyway
+            conn.close()
+            return
+        self.selector.register(conn, selectors.EVENT_READ, "agent")
+        self.conns.add(conn)
+        self.served = True
+        self._send(conn, ForkReply(ready=True))
+
+    def _idle_check(self) -> None:
+        if not self.conns and not self.ranks:
+            self.idle_since = time.monotonic()
 
     def _drop(self, conn: socket.socket) -> None:
         self.selector.unregister(conn)
         self.conns.discard(conn)
         conn.close()
+        self._idle_check()
 
     def _request(self, conn: socket.socket) -> None:
         try:
@@ -193,6 +274,9 @@ class Zygote:
         differ = key_difference(self.env, request.env)
         if differ:
             return f"import-time settings differ from the zygote's: {', '.join(differ[:5])}", script
+        if library_stamp() != self.libraries:
+            self.retire()  # the next job starts a zygote on what is installed now
+            return "its preloaded libraries changed on disk since it started", script
         return refusal_now(), script
 
     def _fork(self, conn: socket.socket, request: ForkRequest, script: Script, fds: list[int]) -> int:
@@ -203,7 +287,7 @@ class Zygote:
             code = 1
             try:
                 self.selector.close()
-                for fd in [*self.pids, *(c.fileno() for c in self.conns)]:
+                for fd in [self.listener.fileno(), *self.pids, *(c.fileno() for c in self.conns)]:
                     os.close(fd)
                 env = {**request.env, **{k: v for k, v in self.imported.items() if k not in request.env}}
                 code = become_rank(ForkRequest(request.program, env, request.cwd), script, fds[0], fds[1])
@@ -221,6 +305,7 @@ class Zygote:
         _, status = os.waitpid(pid, 0)
         if conn in self.conns:
             self._send(conn, ForkReply(status=status))
+        self._idle_check()
 
     def _send(self, conn: socket.socket, reply: ForkReply) -> None:
         try:
@@ -230,20 +315,37 @@ class Zygote:
                 self._drop(conn)
 
 
+def listen(path: str) -> socket.socket | None:
+    """The zygote's socket at `path` (mode 0600), or None when another zygote holds that name."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        listener.bind(path)
+    except OSError:
+        listener.close()
+        return None
+    finally:
+        os.umask(old)
+    listener.listen(64)
+    return listener
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gaudi_cluster.rank.zygote", allow_abbrev=False)
-    parser.add_argument("--fds", required=True, help="the agents' socket ends, comma-separated")
+    parser.add_argument("--listen", required=True, help="the Unix socket its agents connect to")
+    parser.add_argument(
+        "--keep-s", type=float, default=0.0, help="seconds it waits for the next agent once idle"
+    )
     args = parser.parse_args(argv)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
-    conns = [socket.socket(fileno=int(fd)) for fd in args.fds.split(",") if fd]
+    listener = listen(args.listen)  # before the imports: the agents queue while they run
+    if listener is None:
+        return 0  # a zygote of the same settings answers there: the node process uses that one
     given = dict(os.environ)
     preload(given)
     imported = {k: v for k, v in os.environ.items() if given.get(k) != v}
-    zygote = Zygote(conns, given, imported)
-    for conn in conns:  # the agents join the master only now: their wait was for the imports
-        zygote._send(conn, ForkReply(ready=True))
-    zygote.serve()
+    Zygote(listener, args.listen, given, imported, args.keep_s).serve()
     return 0
 
 

@@ -10,6 +10,7 @@ line.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -37,7 +38,12 @@ KEY_PREFIXES = (
     "TOKENIZERS_",
     "PYTHON",
     "LD_",
+    "XDG_",  # the Hugging Face libraries place their caches from XDG_CACHE_HOME and HOME at import
 )
+KEY_NAMES = ("HOME", "TMPDIR")
+# What a warm zygote starts with besides its key: it outlives the job, so none of the job's other
+# variables (its secrets among them) stay in its memory.
+BASIC_NAMES = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "USER", "LOGNAME", "TZ")
 # Secrets are no import-time setting, and their names must not make every rank start plain.
 _NOT_KEY_WORDS = ("TOKEN", "SECRET", "PASSWORD", "KEY")
 # The bundled workload's heaviest imports, in order. Not transformers' Trainer: it pulls in pyarrow,
@@ -52,12 +58,27 @@ BRIDGES = ("habana_frameworks",)
 
 
 def is_key_name(name: str) -> bool:
+    if name in KEY_NAMES:
+        return True
     return name.startswith(KEY_PREFIXES) and not any(word in name for word in _NOT_KEY_WORDS)
 
 
 def zygote_key(env: Mapping[str, str]) -> dict[str, str]:
     """The import-time settings of an environment: what a zygote and each rank it forks share."""
     return {name: value for name, value in env.items() if is_key_name(name)}
+
+
+def zygote_name(env: Mapping[str, str], python: str) -> str:
+    """A warm zygote's name on its node: the same for every rank it may fork (same interpreter, same
+    import-time settings), another for any other; names only, never a value, reach the file system."""
+    key = json.dumps([python, sorted(zygote_key(env).items())])
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def start_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """What a warm zygote is started with: the ranks' import-time settings and a few basics."""
+    basics = {name: env[name] for name in BASIC_NAMES if name in env}
+    return {**basics, **zygote_key(env)}
 
 
 def key_difference(zygote_env: Mapping[str, str], rank_env: Mapping[str, str]) -> list[str]:

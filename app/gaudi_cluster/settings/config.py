@@ -26,6 +26,7 @@ from gaudi_cluster.settings.setting_types import (
     peer_list,
     port,
     seconds,
+    seconds_or_zero,
     size,
     slot_count,
     text,
@@ -214,6 +215,13 @@ class ClusterConfig:
         "direct launcher); --no-preimport or 0: every rank imports from cold",
         "0",
         switch=True,
+    )
+    preimport_keep: float = setting(
+        600.0,
+        seconds_or_zero,
+        "seconds each node's zygote stays warm once its ranks have ended, for a restart or the next job "
+        "with the same import-time settings (0: it leaves with the attempt; inside a Slurm job always 0)",
+        "0",
     )
     job_root: str = setting(DEFAULT_JOB_ROOT, text, "where per-job state lives on every node", "/tmp/jobs")
 

@@ -28,6 +28,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "fabric_check",
             "fabric_timeout",
             "preimport",
+            "preimport_keep",
             "dry_run",
             "hold",
             "job_root",

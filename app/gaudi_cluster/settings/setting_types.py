@@ -99,6 +99,15 @@ def seconds(value: str) -> float:
     return number
 
 
+def seconds_or_zero(value: str) -> float:
+    """A number of seconds where 0 means none (e.g. no wait)."""
+    try:
+        zero = float(value) == 0
+    except ValueError:
+        raise ValueError("must be 0 or a number of seconds") from None
+    return 0.0 if zero else seconds(value)
+
+
 def text(value: str) -> str:
     if not value.strip():
         raise ValueError("must not be empty")

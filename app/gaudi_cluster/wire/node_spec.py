@@ -21,7 +21,7 @@ NODE_MODULE = "gaudi_cluster.launch.node"
 ZYGOTE_MODULE = "gaudi_cluster.rank.zygote"
 
 # Changes whenever a field changes meaning, so that a node running another image says so at once.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 class NodeSpecError(ValueError):
@@ -44,6 +44,8 @@ class NodeSpec:
     python: str
     agent_args: tuple[str, ...]  # everything after `-m gaudi_cluster.rank.agent`
     preimport: bool = True  # start the ranks from a pre-imported zygote where safe (rank/zygote)
+    # How long the node's zygote stays warm once idle, for the next attempt or job (0: it leaves with them).
+    preimport_keep_s: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "slots", tuple(self.slots))
@@ -65,6 +67,7 @@ class NodeSpec:
             "python": self.python,
             "agent_args": list(self.agent_args),
             "preimport": self.preimport,
+            "preimport_keep_s": self.preimport_keep_s,
         }
 
     def to_json(self) -> str:
@@ -86,6 +89,7 @@ class NodeSpec:
             python=_text(fields, "python"),
             agent_args=_texts(fields, "agent_args"),
             preimport=_flag(fields, "preimport"),
+            preimport_keep_s=_seconds(fields, "preimport_keep_s"),
         )
         if spec.node_rank >= spec.nnodes:
             raise NodeSpecError(f"node spec: node_rank {spec.node_rank} is not below nnodes {spec.nnodes}")
@@ -211,6 +215,13 @@ def _flag(fields: Mapping[str, object], name: str) -> bool:
     if not isinstance(value, bool):
         raise NodeSpecError(f"field '{name}' must be true or false, got {value!r:.80}")
     return value
+
+
+def _seconds(fields: Mapping[str, object], name: str) -> float:
+    value = fields[name]
+    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value < float("inf"):
+        raise NodeSpecError(f"field '{name}' must be a number of seconds of at least 0, got {value!r:.80}")
+    return float(value)
 
 
 def _count(fields: Mapping[str, object], name: str, minimum: int = 0, maximum: int | None = None) -> int:
