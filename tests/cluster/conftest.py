@@ -59,6 +59,29 @@ class HeldCluster(LocalCluster):
             [*command, self.master, *argv], capture_output=True, text=True, timeout=timeout, check=False
         )
 
+    def start_in_master(self, *argv: str, log: Path, env: dict[str, str] | None = None) -> MasterRun:
+        """`argv` in the master's container in the background, its output (stdout and stderr) in `log`."""
+        command = ["docker", "exec", "-e", "GAUDI_CLUSTER_HOLD=0"]
+        for name, value in {**self.exec_env, **(env or {})}.items():
+            command += ["-e", f"{name}={value}"]
+        with log.open("wb") as out:
+            process = subprocess.Popen([*command, self.master, *argv], stdout=out, stderr=subprocess.STDOUT)
+        return MasterRun(process, log)
+
+
+@dataclass
+class MasterRun:
+    """A master run in a held cluster's container, as a test follows it: its output so far, its end."""
+
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait(self, timeout_s: float) -> int:
+        return self.process.wait(timeout=timeout_s)
+
 
 @pytest.fixture(scope="module")
 def hold(image, cluster_keys, tmp_path_factory) -> Iterator[Callable[..., HeldCluster]]:

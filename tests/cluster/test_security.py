@@ -8,31 +8,90 @@ import os
 import re
 import subprocess
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from gaudi_cluster_dev.localcluster import LABEL
 
+if TYPE_CHECKING:
+    from tests.cluster.conftest import HeldCluster, MasterRun
+
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 ATTACKS = Path(__file__).resolve().parents[1] / "support" / "attacks.py"
-# slow.py trains until the test creates this file in make_cluster's shared directory (SLOW_S: a cap).
-UNTIL_STOP = {"SLOW_S": "180", "STOP_FILE": "/workspace/shared/stop"}
+USER_DIR = Path(__file__).resolve().parent / "user"
 
 
-def test_forged_messages_from_the_network_cannot_stop_the_job(make_cluster, tmp_path):
-    cluster = make_cluster(workers=2)
-    cluster.start_workers()
-    cluster.wait_healthy(cluster.worker_names)
-    cluster.start_master(["/workspace/user/slow.py"], extra_env=UNTIL_STOP)
-    deadline = time.monotonic() + 180
-    job = None
-    while job is None and time.monotonic() < deadline:
-        log = cluster.logs(cluster.master)
-        found = re.search(r"job (\S+): \d+ ranks", log)
-        job = found[1] if found and "still training" in log else None
+@dataclass
+class Held:
+    """The module's held cluster (master and two workers, shared by the tests that cut or kill
+    nothing: each runs its own job in it, with its own stop file and log) and its shared directory."""
+
+    cluster: HeldCluster
+    shared: Path
+
+
+@pytest.fixture(scope="module")
+def held(hold, tmp_path_factory) -> Held:
+    shared = tmp_path_factory.mktemp("shared")
+    shared.chmod(0o777)
+    mounts = ["-v", f"{USER_DIR}:/workspace/user:ro", "-v", f"{shared}:/workspace/shared"]
+    return Held(hold(workers=2, run_args=mounts), shared)
+
+
+@pytest.fixture
+def slow_job(held, request, tmp_path) -> Iterator[Callable[..., MasterRun]]:
+    """Start slow.py on the held cluster until this test's stop file exists (SLOW_S: a cap); a run the
+    test left behind is stopped, so the next test finds the cluster idle."""
+    name = re.sub(r"\W", "_", request.node.name)
+    stop = held.shared / f"stop-{name}"
+    runs: list[MasterRun] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> MasterRun:
+        # The ranks' variables go by GAUDI_CLUSTER_ENV: the master forwards only an allow-list of its own.
+        ranks = f"SLOW_S=180;STOP_FILE=/workspace/shared/{stop.name}"
+        given = {"GAUDI_CLUSTER_ENV": ranks, **(env or {})}
+        run = held.cluster.start_in_master(
+            "gaudi-cluster",
+            "master",
+            "/workspace/user/slow.py",
+            *args,
+            log=tmp_path / "master.log",
+            env=given,
+        )
+        runs.append(run)
+        return run
+
+    start.stop = stop.touch  # type: ignore[attr-defined]
+    yield start
+    stop.touch()
+    for run in runs:
+        try:
+            run.wait(timeout_s=120)
+        except subprocess.TimeoutExpired:
+            held.cluster.exec(held.cluster.master, "pkill", "-KILL", "-f", "gaudi-cluster master")
+            run.process.kill()
+            raise
+
+
+def wait_for_training(run: MasterRun, timeout_s: float = 180) -> str:
+    """The master's output once every rank trains (slow.py prints `still training`)."""
+    deadline = time.monotonic() + timeout_s
+    while "still training" not in run.log():
+        assert run.process.poll() is None and time.monotonic() < deadline, run.log()[-3000:]
         time.sleep(0.5)
-    assert job, cluster.logs(cluster.master)[-3000:]
+    return run.log()
+
+
+def test_forged_messages_from_the_network_cannot_stop_the_job(held, slow_job):
+    cluster = held.cluster
+    run = slow_job()
+    found = re.search(r"job (\S+): \d+ ranks", wait_for_training(run))
+    assert found, run.log()[-3000:]
+    job = found[1]
     master_ip = cluster.ip_of(cluster.master)
     script = ATTACKS.read_text()
 
@@ -51,9 +110,9 @@ def test_forged_messages_from_the_network_cannot_stop_the_job(make_cluster, tmp_
         report = json.loads(done.stdout.strip().splitlines()[-1])
         assert report["forged_exit_closed"] and report["huge_line_closed"], report
 
-    (tmp_path / "shared" / "stop").touch()  # both attacks are over, the job still ran: let it finish
-    assert cluster.wait_master(timeout_s=240) == 0, cluster.logs(cluster.master)[-4000:]
-    log = cluster.logs(cluster.master)
+    slow_job.stop()  # both attacks are over, the job still ran: let it finish
+    assert run.wait(timeout_s=240) == 0, run.log()[-4000:]
+    log = run.log()
     assert "succeeded: 3 ranks on 3 nodes" in log
     assert " failed: " not in log and "host intruder" not in log
     refused = [line for line in log.splitlines() if "control channel: refused" in line]
@@ -71,21 +130,19 @@ def stranger(cluster, *argv: str, timeout: float = 240) -> subprocess.Popen[str]
     )  # fmt: skip
 
 
-def test_a_jammed_control_port_still_admits_every_rank(make_cluster, tmp_path):
+def test_a_jammed_control_port_still_admits_every_rank(held, slow_job):
     """Nested lines and slowloris peers from the moment the control port opens, while the ranks check
     in: every slot comes back, every handshake has its deadline, the job succeeds."""
-    cluster = make_cluster(workers=2)
-    cluster.start_workers()
-    cluster.wait_healthy(cluster.worker_names)
-    cluster.start_master(["/workspace/user/slow.py"], extra_env=UNTIL_STOP)
+    cluster = held.cluster
     jam = stranger(cluster, cluster.ip_of(cluster.master), "29400", "-", "--jam", "15")
+    run = slow_job()
     out, _ = jam.communicate(timeout=240)
-    (tmp_path / "shared" / "stop").touch()  # the jam is over: the job (every rank in it) may end
-    assert cluster.wait_master(timeout_s=240) == 0, cluster.logs(cluster.master)[-4000:]
+    slow_job.stop()  # the jam is over: the job (every rank in it) may end
+    assert run.wait(timeout_s=240) == 0, run.log()[-4000:]
     report = json.loads(out.strip().splitlines()[-1])
     assert report["nested_sent"] > 0 and report["nested_closed"] == report["nested_sent"], report
     assert report["slowloris"] > 0 and report["longest_held_s"] < 8, report  # cut at the 5 s deadline
-    log = cluster.logs(cluster.master)
+    log = run.log()
     assert "succeeded: 3 ranks on 3 nodes" in log
     assert "control channel: refused" in log
 
@@ -107,7 +164,9 @@ def test_an_impostor_at_a_workers_alias_is_refused_named_and_given_nothing(make_
     )  # fmt: skip
     cluster.wait_healthy([*cluster.worker_names, impostor])
     cluster.workers = 3  # the master waits for all three names behind the alias
-    cluster.start_master(["/workspace/user/slow.py"], extra_env={"SLOW_S": "1", "MY_SECRET_TOKEN": "x"})
+    cluster.start_master(
+        ["/workspace/user/slow.py"], extra_env={"GAUDI_CLUSTER_ENV": "SLOW_S=1", "MY_SECRET_TOKEN": "x"}
+    )
     assert cluster.wait_master(timeout_s=180) == 3, cluster.logs(cluster.master)[-3000:]
     log = cluster.logs(cluster.master)
     assert f"{cluster.ip_of(impostor)}: answered with a host key that is not the cluster's" in log, log[
@@ -154,7 +213,7 @@ def test_a_worker_passing_for_another_or_uncertified_is_refused_by_host_key(make
     peers = ",".join([*cluster.worker_names, taken, stranger])
     args = cluster.master_args(
         {"GAUDI_CLUSTER_PEERS": peers, "GAUDI_CLUSTER_SPARES": "2", "GAUDI_CLUSTER_MAX_RESTARTS": "1",
-         "SLOW_S": "1", "MY_SECRET_TOKEN": "x"}
+         "GAUDI_CLUSTER_ENV": "SLOW_S=1", "MY_SECRET_TOKEN": "x"}
     )  # fmt: skip
     at = args.index("GAUDI_CLUSTER_PEERS_DNS=worker")
     del args[at - 1 : at + 1]
@@ -180,25 +239,19 @@ def test_a_worker_passing_for_another_or_uncertified_is_refused_by_host_key(make
         assert "private.json" not in staged.stdout and "probe" not in staged.stdout, staged.stdout
 
 
-def test_no_secret_reaches_deepspeeds_runner_pdsh_or_the_log(make_cluster, tmp_path):
+def test_no_secret_reaches_deepspeeds_runner_pdsh_or_the_log(held, slow_job):
+    cluster = held.cluster
     secret = "mlflow-" + os.urandom(8).hex()
-    cluster = make_cluster(workers=2)
-    cluster.start_workers()
-    cluster.wait_healthy(cluster.worker_names)
-    cluster.start_master(
-        ["/workspace/user/slow.py"],
-        extra_env={**UNTIL_STOP, "GAUDI_CLUSTER_LAUNCHER": "deepspeed", "MLFLOW_TRACKING_PASSWORD": secret},
-    )
-    deadline, seen = time.monotonic() + 180, ""
-    while "still training" not in cluster.logs(cluster.master) and time.monotonic() < deadline:
-        time.sleep(1)
+    run = slow_job(env={"GAUDI_CLUSTER_LAUNCHER": "deepspeed", "MLFLOW_TRACKING_PASSWORD": secret})
+    wait_for_training(run)
+    seen = ""
     for name in [cluster.master, *cluster.worker_names]:
         argv = cluster.exec(name, "sh", "-c", "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '").stdout
         assert "pdsh" in argv or "deepspeed.launcher.launch" in argv or name != cluster.master, argv[-2000:]
         seen += argv
-    (tmp_path / "shared" / "stop").touch()  # every node's processes were read while the job ran
-    assert cluster.wait_master(timeout_s=240) == 0, cluster.logs(cluster.master)[-4000:]
-    log = cluster.logs(cluster.master)
+    slow_job.stop()  # every node's processes were read while the job ran
+    assert run.wait(timeout_s=240) == 0, run.log()[-4000:]
+    log = run.log()
     assert "[launcher]" in log and "export " in log  # DeepSpeed's runner logged its pdsh command
     for text in (seen, log, *(cluster.logs(name) for name in cluster.worker_names)):
         assert secret not in text
@@ -208,16 +261,11 @@ def test_no_secret_reaches_deepspeeds_runner_pdsh_or_the_log(make_cluster, tmp_p
 EACH_CMDLINE = "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < \"$f\"; echo; done 2>/dev/null"
 
 
-def test_a_token_argument_reaches_the_program_and_no_launchers_argv_or_log(make_cluster, tmp_path):
+def test_a_token_argument_reaches_the_program_and_no_launchers_argv_or_log(held, slow_job):
+    cluster = held.cluster
     secret = "hf_" + os.urandom(8).hex()
-    cluster = make_cluster(workers=2)
-    cluster.start_workers()
-    cluster.wait_healthy(cluster.worker_names)
-    job = ["/workspace/user/slow.py", "--hub_token", secret, f"--token={secret}"]
-    cluster.start_master(job, extra_env={**UNTIL_STOP, "GAUDI_CLUSTER_LAUNCHER": "deepspeed"})
-    deadline = time.monotonic() + 180
-    while "still training" not in cluster.logs(cluster.master) and time.monotonic() < deadline:
-        time.sleep(1)
+    run = slow_job("--hub_token", secret, f"--token={secret}", env={"GAUDI_CLUSTER_LAUNCHER": "deepspeed"})
+    wait_for_training(run)
     programs, launchers = [], []
     for name in [cluster.master, *cluster.worker_names]:
         for line in cluster.exec(name, "sh", "-c", EACH_CMDLINE).stdout.splitlines():
@@ -227,12 +275,12 @@ def test_a_token_argument_reaches_the_program_and_no_launchers_argv_or_log(make_
                 programs.append(line)  # the user's program itself (python -u slow.py ...)
             elif "slow.py" in line:
                 launchers.append(line)  # runner, pdsh, ssh, launch.py, the rank agents
-    (tmp_path / "shared" / "stop").touch()  # every node's processes were read while the job ran
-    assert cluster.wait_master(timeout_s=240) == 0, cluster.logs(cluster.master)[-4000:]
+    slow_job.stop()  # every node's processes were read while the job ran
+    assert run.wait(timeout_s=240) == 0, run.log()[-4000:]
     assert programs and all(f"--hub_token {secret} --token={secret}" in line for line in programs), programs
     assert any("pdsh" in line for line in launchers) and any("rank.agent" in line for line in launchers)
     assert not [line for line in launchers if secret in line]
-    master_log = cluster.logs(cluster.master)
+    master_log = run.log()
     assert "argument(s) --hub_token, --token look like a secret" in master_log
     for text in (master_log, *(cluster.logs(name) for name in cluster.worker_names)):
         assert secret not in text
