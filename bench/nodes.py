@@ -131,6 +131,12 @@ def exec_ours(
     return Streamed([*argv, *job], container=cluster.master)
 
 
+def end_zygotes(cluster: LocalCluster) -> None:
+    """Every node as a fresh one is: no warm zygote left by an earlier job (rank/zygote)."""
+    for name in [cluster.master, *cluster.worker_names]:
+        cluster.exec(name, "pkill", "-KILL", "-f", "gaudi_cluster.rank.zygote")
+
+
 def exec_raw(cluster: LocalCluster, master_ip: str, job: Sequence[str]) -> Streamed:
     """The raw DeepSpeed launcher over pdsh/ssh, with the hostfile, keys and env file already in place."""
     return Streamed(
