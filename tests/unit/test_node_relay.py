@@ -202,3 +202,37 @@ def test_a_stop_signal_to_the_whole_node_still_carries_the_ranks_exits(cluster):
     assert all(e.code == 143 for e in exits)
     assert all(process.wait(timeout=10) == 143 for process in agents)
     assert "saved" in agents[0].stdout.read()
+
+
+def test_a_relay_still_connecting_ends_with_the_agent_that_started_it(tmp_path):
+    """A job that ends before the master admitted this node (another rank failed at once) kills the
+    node's agents: their relay, retrying a master that is gone, must not outlive them."""
+    secret = protocol.new_token()
+    jobdir.stage(tmp_path, JOB, PrivatePayload(node=NODE, token=protocol.node_key(secret, NODE)))
+    with socket.socket() as closed:  # a port nothing listens on: the master is gone
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "gaudi_cluster.rank.agent", "--job-id", JOB, "--job-root", str(tmp_path),
+         "--heartbeat-timeout", "30", "--connect-timeout", "60", "--control", f"127.0.0.1:{port}", "--",
+         "sleep", "60"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path,
+        env={"PYTHONPATH": str(APP), "RANK": "0", "WORLD_SIZE": "1", "PATH": os.environ["PATH"]},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        relays: list[psutil.Process] = []
+        while not relays and time.monotonic() < deadline:
+            children = psutil.Process(agent.pid).children()
+            relays = [p for p in children if "gaudi_cluster.rank.relay" in p.cmdline()]
+            time.sleep(0.05)
+        assert relays, "the agent started no relay"
+        agent.kill()
+        agent.wait()
+        _, alive = psutil.wait_procs(relays, timeout=5)
+        assert not alive, [p.cmdline() for p in alive]
+        assert "left before the master admitted the node" in (tmp_path / JOB / "relay.log").read_text()
+    finally:
+        agent.kill()
+        for process in psutil.Process().children(recursive=True):
+            process.kill()

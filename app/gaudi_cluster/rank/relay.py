@@ -40,6 +40,7 @@ from gaudi_cluster.wire.channel import Channel, Identity, connect_and_authentica
 SOCKET_NAME = "control.sock"
 PID_NAME = "relay.pid"
 LINGER_S = 2.0  # after the last agent left: room for a late one before the relay ends
+STARTER_POLL_S = 0.2
 
 
 def socket_path(job_dir: Path) -> str:
@@ -77,6 +78,7 @@ class Relay:
         self.ignored = 0  # the master's lines dropped (no session MAC, or no message for a relay)
         self.dropped = 0  # the agents' lines dropped (logged: the first few)
         self.done = threading.Event()
+        self.listening = threading.Event()
 
     # --- the master's side ----------------------------------------------------------------------
 
@@ -229,17 +231,21 @@ class Relay:
     # --- main -----------------------------------------------------------------------------------
 
     def run(self, connect_timeout_s: float) -> int:
-        # A stop signal for the whole step or container (scancel, docker stop, Ctrl-C) also reaches
-        # the agents, which give their ranks the grace to save: the relay must still carry their
-        # exits, and it ends by itself once they have left.
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(signum, signal.SIG_IGN)
+        # Until it listens, nobody but the agent that started it needs it: a job that ended before
+        # the master admitted this node must not leave it retrying a master that is gone.
+        threading.Thread(target=self._follow_starter, args=(os.getppid(),), daemon=True).start()
         try:
             self.connect(connect_timeout_s)
         except ConnectionError as error:
             say(f"error: {error}")
             return 1
+        # From here a stop signal for the whole step or container (scancel, docker stop, Ctrl-C)
+        # also reaches the agents, which give their ranks the grace to save: the relay must still
+        # carry their exits, and it ends by itself once they have left.
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN)
         listener = listen(self.job_dir)
+        self.listening.set()
         (self.job_dir / PID_NAME).write_text(f"{os.getpgrp()} {os.getpid()}\n")
         for work, args in ((self.from_master, ()), (self.accept, (listener,))):
             threading.Thread(target=work, args=args, daemon=True).start()
@@ -254,6 +260,12 @@ class Relay:
             if self.master is not None:
                 self.master.close()
         return 0
+
+    def _follow_starter(self, starter: int) -> None:
+        while not self.listening.wait(STARTER_POLL_S):
+            if os.getppid() != starter:
+                say("the agent that started this relay left before the master admitted the node; ending")
+                os._exit(1)
 
 
 def say(text: str) -> None:
