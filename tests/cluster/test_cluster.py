@@ -9,12 +9,19 @@ import shutil
 import subprocess
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from gaudi_cluster_dev.localcluster import LocalCluster
 
+if TYPE_CHECKING:
+    from tests.cluster.conftest import HeldCluster
+
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
+USER_DIR = Path(__file__).resolve().parent / "user"
 RANK_LINE = re.compile(r"^\[(?P<host>[\w.-]+) rank (?P<rank>\d+)\] ", re.MULTILINE)
 
 
@@ -169,14 +176,36 @@ def _allreduce_results(shared, world: int) -> list[dict]:
     return [json.loads(f.read_text()) for f in files]
 
 
-def test_user_script_runs_through_the_same_master_path(make_cluster, tmp_path):
-    cluster = make_cluster(workers=2, slots=2)
-    cluster.start_workers()
-    cluster.wait_healthy(cluster.worker_names)
-    cluster.start_master(["/workspace/user/allreduce.py", "--note", "two words"])
-    code = cluster.wait_master(timeout_s=300)
-    assert code == 0, cluster.logs(cluster.master)[-4000:]
-    results = _allreduce_results(tmp_path / "shared", world=6)
+@dataclass
+class Pair:
+    """Two workers and a master of two slots each, held for the module, and the folder their ranks share."""
+
+    cluster: HeldCluster
+    shared: Path
+
+    def run(self, *argv: str, env: dict[str, str] | None = None, fresh: str = "rank-*.json") -> str:
+        """One job (or command) in the master's container, after the previous run's `fresh` files are gone;
+        its output, once it exited 0."""
+        for old in self.shared.glob(fresh):
+            old.unlink()
+        done = self.cluster.in_master(*argv, env=env, timeout=300)
+        output = done.stdout + done.stderr
+        assert done.returncode == 0, output[-4000:]
+        return output
+
+
+@pytest.fixture(scope="module")
+def pair(hold, tmp_path_factory) -> Pair:
+    """The cases that need nothing fresh (they kill, cut and fill nothing) run one after another here."""
+    shared = tmp_path_factory.mktemp("shared")
+    shared.chmod(0o777)
+    mounts = ["-v", f"{USER_DIR}:/workspace/user:ro", "-v", f"{shared}:/workspace/shared"]
+    return Pair(hold(workers=2, slots=2, run_args=mounts), shared)
+
+
+def test_user_script_runs_through_the_same_master_path(pair):
+    pair.run("gaudi-cluster", "master", "/workspace/user/allreduce.py", "--note", "two words")
+    results = _allreduce_results(pair.shared, world=6)
     world = 6
     assert all(r["sum"] == world * (world + 1) / 2 for r in results)
     assert all(r["argv"] == ["--note", "two words"] for r in results)
@@ -186,20 +215,9 @@ def test_user_script_runs_through_the_same_master_path(make_cluster, tmp_path):
     assert by_host == {"master": [0, 1], "worker-1": [2, 3], "worker-2": [4, 5]}
 
 
-def test_seed_command_shape_gaudi_spawn_inside_the_master(make_cluster, tmp_path):
-    cluster = make_cluster(workers=2)
-    cluster.start_workers()
-    cluster.wait_healthy(cluster.worker_names)
-    cluster.start_master(role="master", job=[], extra_env={"GAUDI_CLUSTER_HOLD": "1"})
-    done = None
-    for _ in range(120):
-        done = cluster.exec(cluster.master, "test", "-s", "/run/gaudi-cluster/hostfile")
-        if done.returncode == 0:
-            break
-        subprocess.run(["sleep", "0.5"], check=True)
-    assert done is not None and done.returncode == 0, cluster.logs(cluster.master)
-    spawn = cluster.exec(
-        cluster.master,
+def test_seed_command_shape_gaudi_spawn_inside_the_master(pair):
+    """The seed's own shape: the master only prepares (hold), then gaudi_spawn.py runs on its hostfile."""
+    pair.run(
         "gaudi_spawn.py",
         "--hostfile",
         "/run/gaudi-cluster/hostfile",
@@ -207,10 +225,8 @@ def test_seed_command_shape_gaudi_spawn_inside_the_master(make_cluster, tmp_path
         "/workspace/user/allreduce.py",
         "--deepspeed",
         "/opt/gaudi-cluster/app/train/configs/ds_cpu.json",
-        timeout=300,
     )
-    assert spawn.returncode == 0, spawn.stdout[-3000:] + spawn.stderr[-3000:]
-    results = _allreduce_results(tmp_path / "shared", world=3)
+    results = _allreduce_results(pair.shared, world=6)
     assert {r["host"] for r in results} == {"master", "worker-1", "worker-2"}
     assert all(
         r["argv"] == ["--deepspeed", "/opt/gaudi-cluster/app/train/configs/ds_cpu.json"] for r in results
@@ -300,25 +316,14 @@ def test_worker_without_keys_and_unknown_role_exit_clearly(image):
     assert "leader" in unknown.stderr
 
 
-def test_direct_and_deepspeed_launchers_give_every_rank_the_same_world(make_cluster, tmp_path):
+def test_direct_and_deepspeed_launchers_give_every_rank_the_same_world(pair):
     """The same user script under both launchers on the same cluster: DeepSpeed's launch.py and ours
     must be indistinguishable to it (distributed environment, host placement, argv, cwd, results)."""
-    cluster = make_cluster(workers=2, slots=2)
-    cluster.start_workers()
-    cluster.wait_healthy(cluster.worker_names)
-    shared = tmp_path / "shared"
     seen = {}
     for launcher in ("deepspeed", "direct"):
-        for old in shared.glob("rank-*.json"):
-            old.unlink()
-        cluster.start_master(
-            ["/workspace/user/allreduce.py", "--note", "two words"],
-            extra_env={"GAUDI_CLUSTER_LAUNCHER": launcher},
-        )
-        code = cluster.wait_master(timeout_s=300)
-        assert code == 0, cluster.logs(cluster.master)[-4000:]
-        seen[launcher] = _allreduce_results(shared, world=6)
-        subprocess.run(["docker", "rm", "-f", cluster.master], check=True, capture_output=True)
+        job = ("gaudi-cluster", "master", "/workspace/user/allreduce.py", "--note", "two words")
+        pair.run(*job, env={"GAUDI_CLUSTER_LAUNCHER": launcher})
+        seen[launcher] = _allreduce_results(pair.shared, world=6)
     assert seen["direct"] == seen["deepspeed"]
     assert {r["env"]["LOCAL_SIZE"] for r in seen["direct"]} == {"2"}
     assert [r["env"]["CROSS_RANK"] for r in seen["direct"]] == ["0", "0", "1", "1", "2", "2"]
@@ -328,9 +333,11 @@ def test_a_slow_rank_is_named_with_its_host_and_device(make_cluster):
     cluster = make_cluster(workers=2)
     cluster.start_workers()
     cluster.wait_healthy(cluster.worker_names)
-    slow = "GAUDI_CLUSTER_SLOW_RANK=2;GAUDI_CLUSTER_SLOW_MS=1500"
-    # 16 steps of 1.5 s: the 3 warm-up steps, then 5 slow ones in a row to be named, with room to spare
-    # (the default job's 40 took a minute longer for the same lines).
+    slow = "GAUDI_CLUSTER_SLOW_RANK=2;GAUDI_CLUSTER_SLOW_MS=700"
+    # 16 steps, rank 2 0.7 s slower in each: far above the 1.3x threshold (the others' work is about
+    # 0.06 s a step), and slow enough that the master's once-a-second check sees most steps (0.4 s
+    # steps were judged too seldom to make the 5 slow ones in a row). The 3 warm-up steps, then those
+    # 5, with room to spare (the default job's 40 took a minute longer).
     env = {"GAUDI_CLUSTER_ENV": slow, "GAUDI_CLUSTER_STATUS_INTERVAL": "5"}
     cluster.start_master(short_job(16, save_steps=16), extra_env=env)
     assert cluster.wait_master(timeout_s=600) == 0, cluster.logs(cluster.master)[-4000:]
@@ -417,27 +424,23 @@ def test_mpirun_with_tree_spawn_trains_across_three_containers(make_cluster, clu
     _trained(cluster)
 
 
-def test_a_rank_forked_by_the_zygote_sees_what_a_plain_start_gives(make_cluster, tmp_path):
+def test_a_rank_forked_by_the_zygote_sees_what_a_plain_start_gives(pair):
     """Rank by rank, the preimport on (the default) and off: the same environment, argv, cwd, sys.path
     and __main__; on, every rank's parent is its node's zygote, off none is."""
-    cluster = make_cluster(workers=2, slots=2)
-    cluster.start_workers()
-    cluster.wait_healthy(cluster.worker_names)
-    shared = tmp_path / "shared"
     seen = {}
     for preimport in ("1", "0"):
-        for old in shared.glob("view-*.json"):
-            old.unlink()
-        cluster.start_master(
-            ["/workspace/user/rankview.py", "--note", "two words"],
-            extra_env={"GAUDI_CLUSTER_PREIMPORT": preimport},
+        log = pair.run(
+            "gaudi-cluster",
+            "master",
+            "/workspace/user/rankview.py",
+            "--note",
+            "two words",
+            env={"GAUDI_CLUSTER_PREIMPORT": preimport},
+            fresh="view-*.json",
         )
-        code = cluster.wait_master(timeout_s=300)
-        log = cluster.logs(cluster.master)
-        assert code == 0, log[-4000:]
         assert ("preimport: plain start" in log) is False, log[-4000:]
         assert ("[master rank 0] gaudi-cluster[rank]: preimport: forked" in log) is (preimport == "1")
-        files = sorted(shared.glob("view-*.json"))
+        files = sorted(pair.shared.glob("view-*.json"))
         assert [f.name for f in files] == [f"view-{r}.json" for r in range(6)]
         # The job's id (new each run) is in a few paths, the ssh session's client port is new each run,
         # and the master's node passes its own environment (the setting itself) on: the values two
@@ -449,7 +452,6 @@ def test_a_rank_forked_by_the_zygote_sees_what_a_plain_start_gives(make_cluster,
             job = view["env"]["GAUDI_CLUSTER_JOB_ID"]
             view["env"] = {k: v.replace(job, "JOB") for k, v in view["env"].items()}
         seen[preimport] = views
-        subprocess.run(["docker", "rm", "-f", cluster.master], check=True, capture_output=True)
     assert [r["forked"] for r in seen["1"]] == [True] * 6
     assert [r["forked"] for r in seen["0"]] == [False] * 6
     for rank, (forked, plain) in enumerate(zip(seen["1"], seen["0"], strict=True)):
