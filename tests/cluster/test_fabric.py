@@ -63,7 +63,7 @@ def test_a_healthy_cluster_passes_and_the_figures_go_into_the_job_report(held):
 
 
 def test_a_rate_limited_worker_is_named_slow_with_its_figure(held):
-    tc(held, SLOW, "tc qdisc add dev eth0 root tbf rate 40mbit burst 64kb latency 200ms")
+    tc(held, SLOW, "tc qdisc add dev eth0 root tbf rate 200mbit burst 256kb latency 200ms")
     try:
         done, result, wall = doctor_fabric(held, 40)
     finally:
