@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from gaudi_cluster_dev.localcluster import LocalCluster
 
+from tests.support.mounts import user_mounts
+
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
-USER_DIR = Path(__file__).resolve().parent / "user"
 
 
 @pytest.fixture
@@ -21,8 +22,7 @@ def make_cluster(request, image, cluster_keys, tmp_path) -> Iterator:
     def factory(workers: int = 2, **kwargs) -> LocalCluster:
         shared = tmp_path / "shared"
         shared.mkdir(exist_ok=True)
-        shared.chmod(0o777)
-        run_args = ["-v", f"{USER_DIR}:/workspace/user:ro", "-v", f"{shared}:/workspace/shared"]
+        run_args = user_mounts(shared)
         cluster = LocalCluster(
             image=image,
             key_dir=cluster_keys,

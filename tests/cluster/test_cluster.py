@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING
 import pytest
 from gaudi_cluster_dev.localcluster import LocalCluster
 
+from tests.support.mounts import user_mounts
+
 if TYPE_CHECKING:
     from tests.cluster.conftest import HeldCluster
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
-USER_DIR = Path(__file__).resolve().parent / "user"
 RANK_LINE = re.compile(r"^\[(?P<host>[\w.-]+) rank (?P<rank>\d+)\] ", re.MULTILINE)
 
 
@@ -198,9 +199,7 @@ class Pair:
 def pair(hold, tmp_path_factory) -> Pair:
     """The cases that need nothing fresh (they kill, cut and fill nothing) run one after another here."""
     shared = tmp_path_factory.mktemp("shared")
-    shared.chmod(0o777)
-    mounts = ["-v", f"{USER_DIR}:/workspace/user:ro", "-v", f"{shared}:/workspace/shared"]
-    return Pair(hold(workers=2, slots=2, run_args=mounts), shared)
+    return Pair(hold(workers=2, slots=2, run_args=user_mounts(shared)), shared)
 
 
 def test_user_script_runs_through_the_same_master_path(pair):

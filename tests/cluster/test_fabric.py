@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
-USER_DIR = Path(__file__).resolve().parent / "user"
+from tests.support.mounts import user_mounts
+
 USER_SCRIPT = "/workspace/user/allreduce.py"
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 SLOW, DROPPED = 2, 3  # worker indexes given NET_ADMIN
@@ -22,11 +22,10 @@ SLOW, DROPPED = 2, 3  # worker indexes given NET_ADMIN
 
 @pytest.fixture(scope="module")
 def held(hold, tmp_path_factory):
-    shared = tmp_path_factory.mktemp("shared")
-    shared.chmod(0o777)  # the user script's ranks write their results there
+    shared = tmp_path_factory.mktemp("shared")  # the user script's ranks write their results there
     return hold(
         workers=3,
-        run_args=["-v", f"{USER_DIR}:/workspace/user:ro", "-v", f"{shared}:/workspace/shared"],
+        run_args=user_mounts(shared),
         worker_args={SLOW: ["--cap-add", "NET_ADMIN"], DROPPED: ["--cap-add", "NET_ADMIN"]},
     )
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 
 import pytest
 
-USER_DIR = Path(__file__).resolve().parent / "user"
+from tests.support.mounts import USER_DIR
+
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 USER_SCRIPT = "/workspace/user/allreduce.py"

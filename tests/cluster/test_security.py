@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING
 import pytest
 from gaudi_cluster_dev.localcluster import LABEL
 
+from tests.support.mounts import user_mounts
+
 if TYPE_CHECKING:
     from tests.cluster.conftest import HeldCluster, MasterRun
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 ATTACKS = Path(__file__).resolve().parents[1] / "support" / "attacks.py"
-USER_DIR = Path(__file__).resolve().parent / "user"
 
 
 @dataclass
@@ -37,9 +38,7 @@ class Held:
 @pytest.fixture(scope="module")
 def held(hold, tmp_path_factory) -> Held:
     shared = tmp_path_factory.mktemp("shared")
-    shared.chmod(0o777)
-    mounts = ["-v", f"{USER_DIR}:/workspace/user:ro", "-v", f"{shared}:/workspace/shared"]
-    return Held(hold(workers=2, run_args=mounts), shared)
+    return Held(hold(workers=2, run_args=user_mounts(shared)), shared)
 
 
 @pytest.fixture

@@ -219,9 +219,9 @@ def test_a_relay_still_connecting_ends_with_the_agent_that_started_it(tmp_path):
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path,
         env={"PYTHONPATH": str(APP), "RANK": "0", "WORLD_SIZE": "1", "PATH": os.environ["PATH"]},
     )  # fmt: skip
+    relays: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + 20
-        relays: list[psutil.Process] = []
         while not relays and time.monotonic() < deadline:
             children = psutil.Process(agent.pid).children()
             relays = [p for p in children if "gaudi_cluster.rank.relay" in p.cmdline()]
@@ -234,5 +234,6 @@ def test_a_relay_still_connecting_ends_with_the_agent_that_started_it(tmp_path):
         assert "left before the master admitted the node" in (tmp_path / JOB / "relay.log").read_text()
     finally:
         agent.kill()
-        for process in psutil.Process().children(recursive=True):
-            process.kill()
+        for process in relays:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
