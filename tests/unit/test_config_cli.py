@@ -18,6 +18,21 @@ def test_flags_win_over_env_and_env_over_defaults():
     assert config.master_port == ClusterConfig().master_port
 
 
+def test_env_pass_names_from_the_flag_and_the_variable_add_up():
+    """run-node.sh, the sbatch and the manifests give the master's container every name of both: a
+    name in GAUDI_CLUSTER_ENV_PASS must reach the ranks even when the command line names another."""
+    env = {"GAUDI_CLUSTER_ENV_PASS": "HF_TOKEN,WANDB_API_KEY"}
+    assert resolve_config({"env_pass": ["MY_TOKEN", "HF_TOKEN"]}, env).env_pass == (
+        "HF_TOKEN",
+        "WANDB_API_KEY",
+        "MY_TOKEN",
+    )
+    assert resolve_config({}, env).env_pass == ("HF_TOKEN", "WANDB_API_KEY")
+    assert resolve_config({"env_pass": ["MY_TOKEN"]}, {}).env_pass == ("MY_TOKEN",)
+    with pytest.raises(ConfigError, match="GAUDI_CLUSTER_ENV_PASS"):
+        resolve_config({"env_pass": ["MY_TOKEN"]}, {"GAUDI_CLUSTER_ENV_PASS": "HF TOKEN"})
+
+
 @pytest.mark.parametrize(
     ("flags", "env", "culprit"),
     [

@@ -47,13 +47,17 @@ def setting(
     switch: bool = False,
     repeatable: bool = False,
     echo: bool = True,
+    additive: bool = False,
 ) -> Any:
     """A ClusterConfig field: its default plus what the CLI and the environment layer need.
 
     repeatable: the flag may be given several times (its values are joined with ';');
-    echo: whether a bad value may be repeated in the error (not for values that may hold secrets).
+    echo: whether a bad value may be repeated in the error (not for values that may hold secrets);
+    additive: a list of names the flag adds to, rather than replaces, the variable's (--env-pass: a
+    name the variable gives must not be dropped, unsaid, because the command line names another).
     """
     metadata = dict(parse=parse, help=help, example=example, switch=switch, repeatable=repeatable, echo=echo)
+    metadata["additive"] = additive
     return field(default=default, metadata=metadata)
 
 
@@ -111,9 +115,11 @@ class ClusterConfig:
         (),
         variable_names,
         "forward these variables of the master's environment (secrets included) to every rank through "
-        "a 0600 file on each node, never a command line; comma list, repeatable",
+        "a 0600 file on each node, never a command line; comma list, repeatable; the flag's names and "
+        "the variable's add up",
         "HF_TOKEN",
         repeatable=True,
+        additive=True,
     )
     socket_ifname: str | None = setting(None, text, "network interface for HCCL/GLOO/NCCL sockets", "eth0")
     heartbeat_timeout: float = setting(
@@ -247,6 +253,7 @@ class Setting:
     switch: bool
     repeatable: bool
     echo: bool
+    additive: bool = False
 
     @property
     def flag(self) -> str:
@@ -268,7 +275,10 @@ SETTINGS: tuple[Setting, ...] = tuple(
     Setting(
         f.name,
         f.default,
-        **{key: f.metadata[key] for key in ("parse", "help", "example", "switch", "repeatable", "echo")},
+        **{
+            key: f.metadata[key]
+            for key in ("parse", "help", "example", "switch", "repeatable", "echo", "additive")
+        },
     )
     for f in dataclasses.fields(ClusterConfig)
 )
@@ -301,6 +311,9 @@ def resolve_config(flags: Mapping[str, Any], environ: Mapping[str, str]) -> Clus
             continue
         named[s.name] = source
         values[s.name] = parse_setting(s, raw, source)
+        if s.additive and source == s.flag and environ.get(s.env):
+            # The variable's names first, then the flag's, each once.
+            values[s.name] = tuple(dict.fromkeys((*parse_setting(s, environ[s.env], s.env), *values[s.name])))
     config = ClusterConfig(**values)
 
     def name(setting: str) -> str:
