@@ -22,6 +22,29 @@ set -Eeuo pipefail
 
 die() { printf 'run-node: error: %s\n' "$*" >&2; exit 2; }
 
+# env_pass_names ARGS...: the names the master forwards to its ranks, one a line, read as the master
+# reads them: GAUDI_CLUSTER_ENV_PASS and every --env-pass in ARGS (they add up), each a list split at
+# ',' or ';', blanks around a name dropped. (slurm/gaudi-cluster.sbatch has the same function.)
+env_pass_names() {
+	local passed="${GAUDI_CLUSTER_ENV_PASS:-}" next=0 word name names=()
+	for word in "$@"; do
+		if ((next)); then
+			passed+=",$word"
+			next=0
+		elif [[ "$word" == --env-pass || "$word" == --env_pass ]]; then
+			next=1
+		elif [[ "$word" == --env-pass=* || "$word" == --env_pass=* ]]; then
+			passed+=",${word#*=}"
+		fi
+	done
+	IFS=',;' read -r -a names <<<"$passed"
+	for name in "${names[@]}"; do
+		name="${name#"${name%%[![:space:]]*}"}"
+		name="${name%"${name##*[![:space:]]}"}"
+		[[ -z "$name" ]] || printf '%s\n' "$name"
+	done
+}
+
 role="${1:-}"
 case "$role" in
 master | worker) shift ;;
@@ -78,26 +101,12 @@ if [[ "$role" == master ]]; then
 	# The job's directory (rank logs, job_report inputs) outlives the container (--rm) here.
 	args+=(-v "${GAUDI_CLUSTER_JOBS:-$output/jobs}:/run/gaudi-cluster/jobs")
 	# Names to pass into the master's environment: GAUDI_CLUSTER_ENV_PASS and every --env-pass.
-	passed="${GAUDI_CLUSTER_ENV_PASS:-}"
-	next_is_name=0
-	for word in "$@"; do
-		if [[ "$next_is_name" == 1 ]]; then
-			passed+=",$word"
-			next_is_name=0
-		elif [[ "$word" == --env-pass || "$word" == --env_pass ]]; then
-			next_is_name=1
-		elif [[ "$word" == --env-pass=* || "$word" == --env_pass=* ]]; then
-			passed+=",${word#*=}"
-		fi
-	done
-	IFS=',' read -r -a names <<<"$passed"
-	for name in "${names[@]}"; do
-		[[ -z "$name" ]] && continue
+	while IFS= read -r name; do
 		[[ "$name" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] \
 			|| die "--env-pass name '$name' is not a variable name; fix: --env-pass HF_TOKEN"
 		# By name only: docker reads the value from this environment, so it is on no command line.
 		[[ -v "$name" ]] && args+=(-e "$name")
-	done
+	done < <(env_pass_names "$@")
 fi
 [[ -n "$runtime" ]] && args+=(--runtime="$runtime")
 if [[ "${GAUDI_CLUSTER_PRIVILEGED:-1}" == 1 ]]; then

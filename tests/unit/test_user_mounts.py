@@ -121,3 +121,68 @@ def test_sbatch_docker_mode_mounts_the_same_and_gives_the_token_to_node_0_only(t
     assert "GAUDI_CLUSTER_ENV_PASS" in passed(lines["0"])
     pyxis = dry_run(SBATCH, GAUDI_CLUSTER_SLURM_MODE="pyxis", **env).stdout
     assert "/shared/code:/workspace/code:ro" in pyxis and "/workspace/hf" in pyxis and TOKEN not in pyxis
+
+
+@pytest.mark.parametrize(
+    ("listed", "args"),
+    [
+        ("HF_TOKEN; WANDB_API_KEY", ()),  # the master splits at ';' too, and drops the blanks
+        (" HF_TOKEN ,", ("--env-pass", "WANDB_API_KEY")),
+        ("", ("--env-pass=HF_TOKEN;WANDB_API_KEY",)),
+    ],
+)
+def test_run_node_reads_the_names_as_the_master_does(keys, listed, args):
+    env = {"GAUDI_CLUSTER_KEYS": str(keys), "HF_TOKEN": TOKEN, "WANDB_API_KEY": "w" * 12}
+    done = dry_run(RUN_NODE, "master", *args, "job.py", GAUDI_CLUSTER_ENV_PASS=listed, **env)
+    assert done.returncode == 0, done.stderr
+    assert {"HF_TOKEN", "WANDB_API_KEY"} <= set(passed(shlex.split(done.stdout)))
+    assert TOKEN not in done.stdout and "w" * 12 not in done.stdout
+
+
+def node_commands(done: subprocess.CompletedProcess, tmp_path: Path, node: str, **env: str) -> list[str]:
+    """The docker command that the sbatch's srun step runs on node `node`: its printed step line run
+    by bash here, through an `srun` that drops its own options and runs the task."""
+    fake = tmp_path / "bin" / "srun"
+    fake.parent.mkdir(exist_ok=True)
+    fake.write_text('#!/bin/bash\nwhile [[ "$1" == --* ]]; do shift; done\nexec "$@"\n')
+    fake.chmod(0o755)
+    path = f"{fake.parent}:{os.environ['PATH']}"
+    base = {"PATH": path, "DRY_RUN": "1", "SLURM_JOB_ID": "77", "SLURM_NODEID": node}
+    step = ["bash", "-c", done.stdout.splitlines()[0]]
+    ran = subprocess.run(step, env={**base, **env}, capture_output=True, text=True, check=False)
+    assert ran.returncode == 0, ran.stderr
+    return shlex.split(ran.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    ("listed", "args"),
+    [
+        ("", ("--env-pass", "HF_TOKEN")),  # the job's arguments are the master's: its flags count
+        ("", ("--env-pass=WANDB_API_KEY,HF_TOKEN",)),
+        ("HF_TOKEN; WANDB_API_KEY", ()),
+        ("WANDB_API_KEY", ("--env_pass", "HF_TOKEN")),
+    ],
+)
+def test_sbatch_gives_node_0_every_name_the_master_forwards(tmp_path, keys, listed, args):
+    env = {"GAUDI_CLUSTER_KEYS": str(keys), "HF_TOKEN": TOKEN, "WANDB_API_KEY": "w" * 12}
+    if listed:
+        env["GAUDI_CLUSTER_ENV_PASS"] = listed
+    job = (*args, "/workspace/code/train.py")
+    wandb = "WANDB" in "".join(job) + listed
+    for node in ("0", "1"):
+        done = dry_run(SBATCH, *job, SLURM_NODEID=node, **env)
+        assert done.returncode == 0, done.stderr
+        assert TOKEN not in done.stdout and "w" * 12 not in done.stdout
+        for words in (shlex.split(done.stdout.splitlines()[-1]), node_commands(done, tmp_path, node, **env)):
+            names = set(passed(words))
+            if node == "0":
+                assert "HF_TOKEN" in names and ("WANDB_API_KEY" in names) == wandb
+            else:
+                assert not {"HF_TOKEN", "WANDB_API_KEY"} & names
+            assert words[-len(job) :] == list(job)
+
+
+def test_sbatch_refuses_a_name_that_is_no_variable_before_any_step(keys):
+    done = dry_run(SBATCH, "--env-pass", "HF TOKEN", "train.py", GAUDI_CLUSTER_KEYS=str(keys))
+    assert done.returncode == 2 and not done.stdout
+    assert done.stderr.count("\n") == 1 and "'HF TOKEN'" in done.stderr and "fix:" in done.stderr
