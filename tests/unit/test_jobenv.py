@@ -115,6 +115,8 @@ def test_env_pass_forwards_a_secret_on_purpose_and_nothing_is_dropped_silently()
     warning = next(line for line in describe(env, []) if line.startswith("warning:"))
     assert "HF_API_KEY (looks like a secret)" in warning and "HCCL_X" in warning
     assert "HF_TOKEN" not in warning and "--env-pass HF_API_KEY" in warning
+    # gaudi_spawn.py and DistributedRunner have no --env-pass: the warning names what they read.
+    assert "GAUDI_CLUSTER_ENV_PASS=HF_API_KEY" in warning
     assert "hf_abc" not in warning and "a`b`" not in warning
 
 

@@ -248,7 +248,13 @@ def describe(env: EnvFile, user_files: Sequence[UserEnvFile]) -> list[str]:
     if env.dropped:
         names = ", ".join(f"{name} ({why})" for name, why in env.dropped)
         secrets = [name for name, why in env.dropped if why == "looks like a secret"]
-        fix = f"--env-pass {' --env-pass '.join(secrets)} to forward secrets on purpose" if secrets else ""
+        # gaudi_spawn.py and DistributedRunner take no --env-pass: they read the variable.
+        fix = (
+            f"--env-pass {' --env-pass '.join(secrets)} (or GAUDI_CLUSTER_ENV_PASS={','.join(secrets)}, "
+            "which gaudi_spawn.py and DistributedRunner read too) to forward secrets on purpose"
+            if secrets
+            else ""
+        )
         fix += ("; " if fix else "") + "--env NAME=value to set a value the ranks can receive"
         lines.append(f"warning: not forwarded to the ranks: {names}; fix: {fix}")
     if env.preset:
