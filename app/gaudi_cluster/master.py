@@ -26,6 +26,7 @@ from gaudi_cluster.job.settings import JobSettings
 from gaudi_cluster.launch import here, plan
 from gaudi_cluster.launch.prepare import PreparedJob, print_dry_run, stable_hostfile_path
 from gaudi_cluster.launch.program import program_from_args
+from gaudi_cluster.nodes import cleanup
 from gaudi_cluster.nodes.devices import resolve_accelerator
 from gaudi_cluster.nodes.hostfile import render_hostfile
 from gaudi_cluster.settings.config import ClusterConfig
@@ -129,6 +130,10 @@ def hold(config: ClusterConfig, environ: Mapping[str, str], out: TextIO) -> int:
     """Prepare the cluster (hostfile, env file) and stay up so users can launch by hand."""
     settings = JobSettings.from_config(config)
     job = prepare_attempt(settings, program_for(settings, [], environ), environ)
+    # No rank of this prepared job ever starts, so nothing reads or removes its staged private files
+    # (the --env-pass values): they go now, not with the node. Each job users launch stages its own.
+    if not settings.dry_run:
+        cleanup.remove_private_files(job.survey, settings.prepare.job_root)
     job.survey.release()  # users launch their own jobs; this one holds no ssh connection open
     stable = stable_hostfile_path(settings.prepare.job_root)
     out.write(
