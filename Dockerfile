@@ -126,8 +126,9 @@ RUN if [ -f /opt/gaudi-cluster/app/train/data.py ]; then \
     fi
 COPY app/ /opt/gaudi-cluster/app/
 # The venv's bytecode is compiled at install; compile ours too, or (PYTHONDONTWRITEBYTECODE) every
-# probe, rank agent and rank compiles it again at start.
-RUN python -m compileall -q /opt/gaudi-cluster/app
+# probe, rank agent and rank compiles it again at start. Then start the control plane once with the
+# image's Python (gaudi: the base's 3.10): code it cannot import fails this build, not every node's start.
+RUN python -m compileall -q /opt/gaudi-cluster/app && gaudi-cluster --version
 
 ARG VERSION=dev
 ARG GIT_REV=unknown
