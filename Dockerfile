@@ -8,6 +8,9 @@
 #                           Synapse 1.21), and where Open MPI, libfabric and EFA live. Needs vault.habana.ai
 #                           and the internet.
 #
+# Build it with make (`make image`, `make image-cpu`): a plain `docker build` of this folder takes the
+# defaults below, the cpu flavor on gaudi-cluster/debian:bookworm, a local image that only `make base-image`
+# makes (no registry has it), from build/wheelhouse that only `make wheelhouse` fills. By hand, after both:
 #   docker build -t gaudi-cluster:cpu --build-arg FLAVOR=cpu --build-arg BASE_IMAGE=gaudi-cluster/debian:bookworm .
 #   (gaudi: `make image DRY_RUN=1` prints the command with every build argument of the profile)
 #
