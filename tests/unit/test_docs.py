@@ -197,15 +197,28 @@ def comment_lines(path: Path) -> str:
     return "\n".join(line.strip()[1:] for line in lines if line.strip().startswith("#"))
 
 
+HELP = "gaudi-cluster --help (every subcommand)"
+
+
+def usage_files() -> dict[str, Path]:
+    found = {}
+    for pattern in USAGE_FILES:
+        for path in sorted(ROOT.glob(pattern)):
+            if path.is_file() and "__pycache__" not in path.parts:
+                found[f"{path.relative_to(ROOT)} (comments)"] = path
+    return found
+
+
+# The names at collection; the --help texts are only run by the tests that read them.
+TEXT_NAMES = sorted([*doc_text(), *usage_files(), HELP])
+
+
 @cache
 def texts() -> dict[str, str]:
     """The docs, each whole, and every usage text a user reads: file comments, docstrings, --help."""
     found = dict(doc_text())
-    for pattern in USAGE_FILES:
-        for path in sorted(ROOT.glob(pattern)):
-            if path.is_file() and "__pycache__" not in path.parts:
-                found[f"{path.relative_to(ROOT)} (comments)"] = comment_lines(path)
-    found["gaudi-cluster --help (every subcommand)"] = our_help()
+    found.update({name: comment_lines(path) for name, path in usage_files().items()})
+    found[HELP] = our_help()
     return found
 
 
@@ -215,7 +228,7 @@ def absent(path: str) -> bool:
     return not any(ROOT.glob(PLACEHOLDER.sub("*", path)))
 
 
-@pytest.mark.parametrize("doc", sorted(texts()))
+@pytest.mark.parametrize("doc", TEXT_NAMES)
 def test_every_repository_path_a_doc_names_exists(doc):
     text = texts()[doc]
     named = {*REPO_PATH.findall(text), *PWD_PATH.findall(text)}
@@ -223,7 +236,7 @@ def test_every_repository_path_a_doc_names_exists(doc):
     assert not missing, f"{doc} names paths the repository lacks: {missing}"
 
 
-@pytest.mark.parametrize("doc", sorted(texts()))
+@pytest.mark.parametrize("doc", TEXT_NAMES)
 def test_every_file_a_doc_runs_in_the_mounted_code_is_the_example_jobs(doc):
     """The docs mount examples/own-job (GAUDI_CLUSTER_CODE) at /workspace/code and its data/ at
     /workspace/data: a job they show must run with those files, not with files nobody ships."""
@@ -369,7 +382,7 @@ def build_problems(words: list[str]) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("doc", sorted(texts()))
+@pytest.mark.parametrize("doc", TEXT_NAMES)
 def test_every_docker_build_a_doc_tells_finds_what_it_copies(doc):
     """Run in the repository root with the classic builder: the Dockerfile must be there, and every file
     it copies must be in the context and not left out by the context's .dockerignore."""
