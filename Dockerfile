@@ -8,6 +8,9 @@
 #                           Synapse 1.21), and where Open MPI, libfabric and EFA live. Needs vault.habana.ai
 #                           and the internet.
 #
+# Build it with make (`make image`, `make image-cpu`): a plain `docker build` of this folder takes the
+# defaults below, the cpu flavor on gaudi-cluster/debian:bookworm, a local image that only `make base-image`
+# makes (no registry has it), from build/wheelhouse that only `make wheelhouse` fills. By hand, after both:
 #   docker build -t gaudi-cluster:cpu --build-arg FLAVOR=cpu --build-arg BASE_IMAGE=gaudi-cluster/debian:bookworm .
 #   (gaudi: `make image DRY_RUN=1` prints the command with every build argument of the profile)
 #
@@ -126,8 +129,9 @@ RUN if [ -f /opt/gaudi-cluster/app/train/data.py ]; then \
     fi
 COPY app/ /opt/gaudi-cluster/app/
 # The venv's bytecode is compiled at install; compile ours too, or (PYTHONDONTWRITEBYTECODE) every
-# probe, rank agent and rank compiles it again at start.
-RUN python -m compileall -q /opt/gaudi-cluster/app
+# probe, rank agent and rank compiles it again at start. Then start the control plane once with the
+# image's Python (gaudi: the base's 3.10): code it cannot import fails this build, not every node's start.
+RUN python -m compileall -q /opt/gaudi-cluster/app && gaudi-cluster --version
 
 ARG VERSION=dev
 ARG GIT_REV=unknown

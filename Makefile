@@ -53,7 +53,7 @@ lint: venv ## ruff, shellcheck, hadolint
 	  slurm/gaudi-cluster.sbatch tests/slurm/start-slurm.sh \
 	  tests/cluster/hpu/hl-smi tests/cluster/hpu/fi_info tests/cluster/hpu/mpirun tests/cluster/hpu/*.sh \
 	  tests/image/standin/*.sh tests/image/standin/mpirun
-	$(VENV)/bin/hadolint Dockerfile tests/slurm/Dockerfile tests/cluster/hpu/Dockerfile tests/image/standin/Dockerfile
+	$(VENV)/bin/hadolint Dockerfile examples/own-job/Dockerfile tests/slurm/Dockerfile tests/cluster/hpu/Dockerfile tests/image/standin/Dockerfile
 	$(PROFILES) check
 
 test-unit: venv host-tools ## pure unit tests (no Docker, no training)

@@ -1,9 +1,14 @@
 """The docs against the code: every flag, variable, make target, subcommand and path that README.md and
-docs/*.md name must exist, and docs/reference.md must be what the settings' declarations render."""
+docs/*.md name must exist, and docs/reference.md must be what the settings' declarations render. The
+usage texts (the comments of the Dockerfile, Makefile, scripts, sbatch, compose, k8s and examples files,
+the examples' docstrings, every --help) are held to the same paths; every `docker build` they tell must
+find its Dockerfile and each file it copies, and every Dockerfile the docs show is one the repository has."""
 
 from __future__ import annotations
 
+import ast
 import re
+import shlex
 import subprocess
 import sys
 from functools import cache
@@ -161,16 +166,276 @@ def test_every_subcommand_a_doc_names_exists(doc):
 
 
 REPO_PATH = re.compile(
-    r"(?<![\w/.-])((?:app|bench|compose|dev|docs|entrypoint|image|k8s|requirements|scripts|slurm|tests)"
+    r"(?<![\w/.-])(?:\$PWD/|\./)?"
+    r"((?:app|bench|compose|dev|docs|entrypoint|examples|image|k8s|requirements|scripts|slurm|tests)"
     r"/[\w./*-]*[\w*])"
+)
+# The docs' commands run in the repository root: $PWD/X is the repository's X (build/ and .keys/ are
+# what the documented steps make).
+PWD_PATH = re.compile(r"\$PWD/((?!build/|\.keys/)[\w.-]+(?:/[\w.-]*\w)*)")
+# Words that stand for a value in a path (requirements/ohabana-PROFILE.txt): any file of that shape.
+PLACEHOLDER = re.compile(r"\b(?:PROFILE|NAME|MPIJOB|JOB|DIR|TAG)\b")
+# Files a doc tells the user to create, never shipped: each with where it is said.
+MADE_BY_THE_USER = {"compose/.env": "compose/node.yaml: the node's settings, which compose reads"}
+# The example job that every doc and usage text mounts at /workspace/code and /workspace/data.
+EXAMPLE_JOB = ROOT / "examples/own-job"
+USAGE_FILES = (
+    "Dockerfile",
+    "Makefile",
+    "scripts/*.sh",
+    "slurm/*",
+    "compose/*.yaml",
+    "k8s/**/*.yaml",
+    "examples/**/*",
 )
 
 
-@pytest.mark.parametrize("doc", sorted(doc_text()))
+def comment_lines(path: Path) -> str:
+    if path.suffix == ".py":
+        return ast.get_docstring(ast.parse(path.read_text())) or ""
+    lines = path.read_text(errors="replace").splitlines()
+    return "\n".join(line.strip()[1:] for line in lines if line.strip().startswith("#"))
+
+
+HELP = "gaudi-cluster --help (every subcommand)"
+
+
+def usage_files() -> dict[str, Path]:
+    found = {}
+    for pattern in USAGE_FILES:
+        for path in sorted(ROOT.glob(pattern)):
+            if path.is_file() and "__pycache__" not in path.parts:
+                found[f"{path.relative_to(ROOT)} (comments)"] = path
+    return found
+
+
+# The names at collection; the --help texts are only run by the tests that read them.
+TEXT_NAMES = sorted([*doc_text(), *usage_files(), HELP])
+
+
+@cache
+def texts() -> dict[str, str]:
+    """The docs, each whole, and every usage text a user reads: file comments, docstrings, --help."""
+    found = dict(doc_text())
+    found.update({name: comment_lines(path) for name, path in usage_files().items()})
+    found[HELP] = our_help()
+    return found
+
+
+def absent(path: str) -> bool:
+    if path in MADE_BY_THE_USER or any(ROOT.glob(path)):
+        return False
+    return not any(ROOT.glob(PLACEHOLDER.sub("*", path)))
+
+
+@pytest.mark.parametrize("doc", TEXT_NAMES)
 def test_every_repository_path_a_doc_names_exists(doc):
-    text = doc_text()[doc]
-    missing = sorted({p for p in REPO_PATH.findall(text) if not any(ROOT.glob(p))})
+    text = texts()[doc]
+    named = {*REPO_PATH.findall(text), *PWD_PATH.findall(text)}
+    missing = sorted(p for p in named if absent(p))
     assert not missing, f"{doc} names paths the repository lacks: {missing}"
+
+
+@pytest.mark.parametrize("doc", TEXT_NAMES)
+def test_every_file_a_doc_runs_in_the_mounted_code_is_the_example_jobs(doc):
+    """The docs mount examples/own-job (GAUDI_CLUSTER_CODE) at /workspace/code and its data/ at
+    /workspace/data: a job they show must run with those files, not with files nobody ships."""
+    named = re.findall(r"/workspace/(code|data)/([\w.-]+(?:/[\w.-]+)*\w)", texts()[doc])
+    where = {"code": EXAMPLE_JOB, "data": EXAMPLE_JOB / "data"}
+    missing = sorted(
+        {f"/workspace/{kind}/{name}" for kind, name in named if not (where[kind] / name).exists()}
+    )
+    assert not missing, (
+        f"{doc} runs files that no example has: {missing}; fix: name files of {EXAMPLE_JOB.relative_to(ROOT)}"
+        " (mounted there by every doc), or files the image has (/opt/gaudi-cluster/app/...)"
+    )
+
+
+# ---- docker build, as the docs tell it: the classic builder, run in the repository root ----------------
+# Options of `docker build` that take a value (the next word, or after "=").
+BUILD_OPTIONS_WITH_VALUE = frozenset(
+    ("-t", "--tag", "-f", "--file", "--build-arg", "--target", "--label", "--network", "--platform",
+     "--cache-from", "--iidfile", "--add-host", "--shm-size", "-m", "--memory")
+)  # fmt: skip
+
+
+def docker_builds(text: str) -> list[list[str]]:
+    """Every `docker build ... CONTEXT` in a text (continuation lines joined), as its words."""
+    builds = []
+    joined = re.sub(r"\\\n\s*#?", " ", text)
+    for match in re.finditer(r"docker build((?: +[^\s`|;&()]+)+)", joined):
+        words = shlex.split(match.group(1), comments=True)
+        builds.append(["docker", "build", *words])
+    return builds
+
+
+def build_context(words: list[str]) -> tuple[str | None, str | None, dict[str, str]]:
+    """(context, -f file, build args) of a docker build command; context None: only a mention."""
+    context = dockerfile = None
+    args: dict[str, str] = {}
+    rest = iter(words[2:])
+    for word in rest:
+        name, eq, value = word.partition("=")
+        if name in BUILD_OPTIONS_WITH_VALUE:
+            value = value if eq else next(rest, "")
+            if name in ("-f", "--file"):
+                dockerfile = value
+            elif name == "--build-arg":
+                key, _, val = value.partition("=")
+                args[key] = val
+        elif not word.startswith("-"):
+            context = word
+    # Prose ("docker build arguments"), not a command: no option and no path-like context.
+    if context and not (any(w.startswith("-") for w in words[2:]) or context == "." or "/" in context):
+        context = None
+    if context and not re.fullmatch(r"[\w./${}-]+", context):
+        context = None
+    return context, dockerfile, args
+
+
+def dockerignore(context: Path) -> list[tuple[bool, re.Pattern[str]]]:
+    """The context's .dockerignore as Docker reads it (moby/patternmatcher): (excludes, pattern)."""
+    path = context / ".dockerignore"
+    rules = []
+    for raw in path.read_text().splitlines() if path.is_file() else []:
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        exclude = not line.startswith("!")
+        pattern = line.lstrip("!").strip().strip("/")
+        regex, i = "", 0
+        while i < len(pattern):
+            ch = pattern[i]
+            if pattern.startswith("**", i):
+                i += 2 + (pattern[i + 2 : i + 3] == "/")
+                regex += ".*" if i >= len(pattern) else "(.*/)?"
+                continue
+            regex += {"*": "[^/]*", "?": "[^/]"}.get(ch, ch if ch in "[]-^" else re.escape(ch))
+            i += 1
+        rules.append((exclude, re.compile(f"^{regex}$")))
+    return rules
+
+
+def ignored(rules: list[tuple[bool, re.Pattern[str]]], relative: str) -> bool:
+    """Excluded when the last pattern that matches the path or one of its parents excludes it."""
+    parts = relative.split("/")
+    verdict = False
+    for exclude, pattern in rules:
+        if any(pattern.match("/".join(parts[:n])) for n in range(1, len(parts) + 1)):
+            verdict = exclude
+    return verdict
+
+
+def copy_sources(dockerfile: Path) -> list[tuple[int, list[str]]]:
+    """(line, sources) of every COPY/ADD from the context (not --from a stage)."""
+    found, lines = [], dockerfile.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        start, line = i, lines[i]
+        while line.rstrip().endswith("\\") and i + 1 < len(lines):
+            i += 1
+            if not lines[i].lstrip().startswith("#"):
+                line = line.rstrip()[:-1] + " " + lines[i]
+        i += 1
+        words = shlex.split(line, comments=True) if line.strip() else []
+        if not words or words[0].upper() not in ("COPY", "ADD"):
+            continue
+        if any(word.startswith("--from") for word in words):
+            continue
+        paths = [word for word in words[1:] if not word.startswith("--")]
+        if len(paths) >= 2:
+            found.append((start + 1, paths[:-1]))
+    return found
+
+
+def build_problems(words: list[str]) -> list[str]:
+    context_name, dockerfile_name, args = build_context(words)
+    if context_name is None or "$" in context_name:
+        return []
+    context = ROOT / context_name
+    dockerfile = ROOT / dockerfile_name if dockerfile_name else context / "Dockerfile"
+    if not context.is_dir():
+        return [f"the context {context_name} is not a folder of the repository"]
+    if not dockerfile.is_file():
+        return [f"no Dockerfile {dockerfile.relative_to(ROOT)}"]
+    problems = []
+    if dockerfile == ROOT / "Dockerfile" and not {"FLAVOR", "BASE_IMAGE"} <= set(args):
+        problems.append(
+            "builds the node image's Dockerfile with its defaults (the cpu flavor on "
+            "gaudi-cluster/debian:bookworm, which only `make base-image` makes); fix: tell `make image` or "
+            "`make image-cpu`, or pass --build-arg FLAVOR=... --build-arg BASE_IMAGE=..."
+        )
+    rules = dockerignore(context)
+    for line, sources in copy_sources(dockerfile):
+        sent = []
+        for source in sources:
+            matches = (
+                sorted(context.glob(source.rstrip("/"))) if source.rstrip("/") not in ("", ".") else [context]
+            )
+            sent += [m for m in matches if m == context or not ignored(rules, str(m.relative_to(context)))]
+            if not any(ch in source for ch in "*?[") and not matches:
+                problems.append(f"{dockerfile.name}:{line} copies {source}, which {context_name} lacks")
+            elif matches and not sent and not any(ch in source for ch in "*?["):
+                problems.append(f"{dockerfile.name}:{line} copies {source}, which .dockerignore leaves out")
+        if not sent:
+            problems.append(f"{dockerfile.name}:{line} copies nothing the context sends: {sources}")
+    return problems
+
+
+@pytest.mark.parametrize("doc", TEXT_NAMES)
+def test_every_docker_build_a_doc_tells_finds_what_it_copies(doc):
+    """Run in the repository root with the classic builder: the Dockerfile must be there, and every file
+    it copies must be in the context and not left out by the context's .dockerignore."""
+    problems = [f"`{shlex.join(w)}`: {p}" for w in docker_builds(texts()[doc]) for p in build_problems(w)]
+    assert not problems, f"{doc}: " + "; ".join(problems)
+
+
+def test_the_docker_build_make_image_runs_finds_what_it_copies():
+    from gaudi_cluster.settings.profiles import load
+    from gaudi_cluster.settings.profiles_build import docker_build_argv
+
+    for profile in load().profiles.values():
+        commit = profile.data["habana_deepspeed"]["commit"] or "0" * 40  # as make image resolves it
+        argv = docker_build_argv(profile, "gaudi-cluster", "0.1.0", "abc", commit)
+        assert build_problems(argv) == [], profile.name
+
+
+def test_the_build_checks_find_what_they_are_for():
+    """The checks themselves, on the mistakes they exist for."""
+    assert build_problems(shlex.split("docker build -t my-job:1 .")), "the defaults of the node Dockerfile"
+    rules = dockerignore(ROOT)
+    assert ignored(rules, "my-code/train.py") and ignored(rules, ".keys/ca/host_ca")
+    assert not ignored(rules, "app/train/run_clm.py") and not ignored(rules, "requirements/cpu-image.txt")
+    assert ignored(rules, "app/train/__pycache__/x.pyc") and not ignored(rules, "build/wheelhouse/a.whl")
+    assert ignored(rules, "build/wheelhouse/sub/a.whl") and ignored(rules, "requirements/dev.txt")
+    assert docker_builds("x `docker build` y") == []
+    assert build_context(shlex.split("docker build -t a -f b/Dockerfile --build-arg X=1 c"))[:2] == (
+        "c",
+        "b/Dockerfile",
+    )
+
+
+@pytest.mark.parametrize("doc", sorted(doc_text()))
+def test_every_dockerfile_a_doc_shows_is_one_the_repository_has(doc):
+    """A ```dockerfile block, or an inline `COPY ...`, is a repository Dockerfile's lines (its comments
+    aside), so that the `docker build` of it is checked above: a recipe that exists only in the docs names
+    files nobody ships."""
+    repository = {
+        path: {line.strip() for line in path.read_text().splitlines() if line.strip()}
+        for path in ROOT.glob("**/Dockerfile")
+        if ".git" not in path.parts and "build" not in path.parts
+    }
+    text = doc_text()[doc]
+    inline = re.findall(r"`((?:FROM|COPY|ADD) [^`\n]+)`", text)
+    for block in [*re.findall(r"```dockerfile\n(.*?)```", text, re.S), *inline]:
+        lines = {
+            line.strip() for line in block.splitlines() if line.strip() and not line.strip().startswith("#")
+        }
+        homes = [path for path, have in repository.items() if lines <= have]
+        assert homes, (
+            f"{doc} shows a Dockerfile no repository file has ({sorted(lines)}); fix: ship it (examples/) "
+            "and show its lines"
+        )
 
 
 @pytest.mark.parametrize("doc", sorted(doc_text()))

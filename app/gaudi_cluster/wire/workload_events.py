@@ -4,10 +4,10 @@ object a line in the job's events.jsonl, `{"event": NAME, "t": seconds, ...}`. P
 
 from __future__ import annotations
 
-import enum
+from gaudi_cluster.wire.kinds import StrEnum
 
 
-class WorkloadEvent(enum.StrEnum):
+class WorkloadEvent(StrEnum):
     START = "start"  # the program started (t: the interpreter's start)
     IMPORTS_DONE = "imports_done"
     RESUME = "resume"  # the checkpoint it resumes from (step: 0 from scratch)
