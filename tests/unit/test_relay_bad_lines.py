@@ -1,0 +1,146 @@
+"""One bad line never silences a node: a real ControlServer and a real node relay, in this process.
+
+The relay's threads run as `Relay.run` starts them (its link from the master, its Unix socket, its
+once-a-second summary); its agents are plain Channels on that socket. A line one agent (or its
+rank's progress file) gets wrong costs that line, logged with the rank; the node's other ranks, its
+relay and its one connection to the master go on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from gaudi_cluster.rank import jobdir
+from gaudi_cluster.rank.relay import Relay, listen, socket_path
+from gaudi_cluster.supervise.control import ControlEvent, ControlServer, EventKind
+from gaudi_cluster.wire import messages, protocol
+from gaudi_cluster.wire.channel import Channel
+from gaudi_cluster.wire.private_payload import PrivatePayload
+
+JOB, NODE, HOST = "20261203-000000-badline", "node-a", "node-a"
+
+
+@dataclass
+class Node:
+    server: ControlServer
+    relay: Relay
+    job_dir: Path
+    threads: list[threading.Thread]
+
+    def agent(self, rank: int) -> Channel:
+        """A rank's agent on the relay's socket, seated by the master."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(socket_path(self.job_dir))
+        channel = Channel(sock)
+        channel.settimeout(10)
+        channel.send(messages.Join(HOST, rank, 1000 + rank, NODE, rank))
+        assert channel.receive(messages.FROM_MASTER) == messages.Seated(rank)
+        return channel
+
+    def events(self, count: int, timeout_s: float = 5.0) -> list[ControlEvent]:
+        found, deadline = [], time.monotonic() + timeout_s
+        while len(found) < count and time.monotonic() < deadline:
+            with contextlib.suppress(queue.Empty):
+                found.append(self.server.events.get(timeout=0.1))
+        return found
+
+    def step_of(self, rank: int) -> int | None:
+        return next((a.step for a in self.server.agents() if a.rank == rank), None)
+
+
+@pytest.fixture
+def node(tmp_path, capsys):
+    secret = protocol.new_token()
+    jobdir.stage(tmp_path, JOB, PrivatePayload(node=NODE, token=protocol.node_key(secret, NODE)))
+    server = ControlServer("127.0.0.1", 0, JOB, 30.0, secret, {0: HOST, 1: HOST}, nodes={0: NODE, 1: NODE})
+    server.start()
+    relay = Relay(JOB, tmp_path / JOB, f"127.0.0.1:{server.port}", 30.0)
+    relay.host = HOST
+    relay.connect(10)
+    listener = listen(relay.job_dir)
+    threads = [
+        threading.Thread(target=work, args=args, daemon=True)
+        for work, args in ((relay.from_master, ()), (relay.accept, (listener,)), (relay.tick, ()))
+    ]
+    for thread in threads:
+        thread.start()
+    yield Node(server, relay, relay.job_dir, threads)
+    relay.done.set()
+    listener.close()
+    server.close()
+    if relay.master is not None:
+        relay.master.close()
+
+
+def until(check, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def assert_the_node_goes_on(node: Node, survivor: Channel, rank: int) -> None:
+    """The relay and its connection live: another rank's beat still reaches the master, and no rank
+    was lost."""
+    assert not node.relay.done.is_set()
+    assert all(thread.is_alive() for thread in node.threads)
+    survivor.send(messages.Beat(step=41, progress_age=0.0))
+    assert until(lambda: node.step_of(rank) == 41), node.server.agents()
+    assert [e for e in node.events(1, 0.5) if e.kind is EventKind.LOST] == []
+    assert len(node.server._relays) == 1
+
+
+def test_each_agents_bad_lines_are_logged_with_its_rank_however_many_another_sent(node, capsys):
+    first, second = node.agent(0), node.agent(1)
+    assert len(node.events(2)) == 2
+    for _ in range(10):
+        first._sock.sendall(b"not json\n")
+    second._sock.sendall(b'{"type":"launch"}\n')
+    second.send(messages.Beat(step=2, progress_age=0.0))
+    assert until(lambda: node.step_of(1) == 2)
+    out = capsys.readouterr().out
+    assert "dropped a line from an agent (rank 1: unknown message type 'launch')" in out
+    assert out.count("dropped a line from an agent (rank 0: not JSON)") <= 3  # a flood stays short
+    assert_the_node_goes_on(node, second, 1)
+
+
+def test_an_over_long_line_closes_that_agents_link_alone_and_says_so(node, capsys):
+    first, second = node.agent(0), node.agent(1)
+    assert len(node.events(2)) == 2
+    first._sock.sendall(b"x" * (protocol.MAX_LINE + 10) + b"\n")
+    (lost,) = node.events(1)
+    assert (lost.kind, lost.rank) == (EventKind.LOST, 0)
+    assert f"a line over {protocol.MAX_LINE} bytes" in lost.reason
+    said = capsys.readouterr().out
+    assert f"closed the link of rank 0's agent: a line over {protocol.MAX_LINE} bytes" in said
+    assert_the_node_goes_on(node, second, 1)
+
+
+def test_a_master_line_that_ends_the_session_is_said_and_cuts_every_agent(node, capsys):
+    """An over-long line on the master's link cannot be authentic: the session ends, as before, but
+    the relay says why and cuts its agents (which stop their ranks) instead of ending unheard."""
+    first, second = node.agent(0), node.agent(1)
+    assert len(node.events(2)) == 2
+    node.server._relays[NODE].sock.sendall(b"x" * (protocol.MAX_LINE + 10) + b"\n")  # from the path
+    assert until(node.relay.done.is_set)
+    assert first.receive(messages.FROM_MASTER) is None and second.receive(messages.FROM_MASTER) is None
+    out = capsys.readouterr().out
+    assert f"the master's link ended (a line over {protocol.MAX_LINE} bytes)" in out
+
+
+def test_an_unsealed_line_from_the_path_is_ignored_and_the_session_goes_on(node, capsys):
+    first = node.agent(0)
+    assert len(node.events(1)) == 1
+    node.server._relays[NODE].sock.sendall(b'{"type":"stop","grace":0}\n')
+    node.server.stop_all(5.0)  # the master's own, sealed
+    assert first.receive(messages.FROM_MASTER) == messages.Stop(5.0)
+    assert "ignored a control message (without the session's MAC" in capsys.readouterr().out
