@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from gaudi_cluster.rank import jobdir
+from gaudi_cluster.rank import agent_beat, jobdir
 from gaudi_cluster.rank.relay import Relay, listen, socket_path
 from gaudi_cluster.supervise.control import ControlEvent, ControlServer, EventKind
 from gaudi_cluster.wire import messages, protocol
-from gaudi_cluster.wire.channel import Channel
+from gaudi_cluster.wire.channel import Channel, encode
 from gaudi_cluster.wire.private_payload import PrivatePayload
 
 JOB, NODE, HOST = "20261203-000000-badline", "node-a", "node-a"
@@ -144,3 +144,48 @@ def test_an_unsealed_line_from_the_path_is_ignored_and_the_session_goes_on(node,
     node.server.stop_all(5.0)  # the master's own, sealed
     assert first.receive(messages.FROM_MASTER) == messages.Stop(5.0)
     assert "ignored a control message (without the session's MAC" in capsys.readouterr().out
+
+
+def test_a_work_step_past_64_bits_from_a_progress_file_spares_the_node(node, capsys):
+    """Before: the relay took it, and its summary's work bucket broke the master's history
+    (OverflowError): the master cut the node's connection."""
+    first, second = node.agent(0), node.agent(1)
+    assert len(node.events(2)) == 2
+    first.send(messages.Beat(step=3, progress_age=0.0, work=((2**63, 0.5),)))
+    time.sleep(1.5)  # a summary (with its work, at once the first time) went out meanwhile
+    assert_the_node_goes_on(node, second, 1)
+    assert "dropped a line from an agent (rank 0: work" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"type":"beat","progress_age":' + b"9" * 400 + b"}",  # an int no float holds
+        b'{"type":"beat","step":' + b"9" * 400 + b"}",
+        b'{"type":"beat","work":[[1,' + b"9" * 400 + b"]]}",
+    ],
+)
+def test_a_number_too_big_for_the_wire_is_one_dropped_line(node, capsys, line):
+    """Before: parsing it raised OverflowError (not BadMessage) out of the relay's reader, or passed
+    a number the master cannot hold: the agent's link was closed and its rank stopped."""
+    first, second = node.agent(0), node.agent(1)
+    assert len(node.events(2)) == 2
+    first._sock.sendall(line + b"\n")
+    first.send(messages.Beat(step=7, progress_age=0.0))
+    assert until(lambda: node.step_of(0) == 7)
+    assert not first.closed
+    assert_the_node_goes_on(node, second, 1)
+    assert "dropped a line from an agent (rank 0: " in capsys.readouterr().out
+
+
+def test_an_agent_sends_no_number_its_relay_would_drop():
+    now = 1000.0
+    for progress in (
+        {"step": 2**63, "t": now},
+        {"step": 1, "t": -1e308},
+        {"step": 1, "t": now, "work": [[2**63, 1.0], [1, 1e12], [1, 0.5]], "max_steps": 2**64},
+    ):
+        beat, _ = agent_beat.beat(progress, -1, 0.0, now, None)
+        line = encode(messages.render(beat))
+        assert messages.parse_line(line, messages.FROM_AGENT) == beat
+    assert beat.work == ((1, 0.5),) and beat.max_steps is None

@@ -81,6 +81,8 @@ class Channel:
             return messages.parse_line(body, allowed)
         except messages.BadMessage as error:
             return messages.Dropped(str(error))
+        except Exception as error:  # a check's own slip costs the line, never the reader or its link
+            return messages.Dropped(f"unreadable: {type(error).__name__}")
 
     def close(self) -> None:
         self.closed = True

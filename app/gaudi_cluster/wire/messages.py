@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 from gaudi_cluster.wire import protocol
 from gaudi_cluster.wire.fields import (
+    MAX_INT,
     BadMessage,
     count,
     decode,
@@ -196,8 +197,10 @@ class Beat:
             step, seconds = pair
             if type(step) is not int or type(seconds) not in (int, float) or not math.isfinite(seconds):
                 raise BadMessage("work holds something other than [step, seconds] pairs")
-            if step < 0 or seconds < 0:
-                raise BadMessage("work holds a negative step or duration")
+            if not 0 <= step <= MAX_INT or not 0 <= seconds <= protocol.MAX_WORK_S:
+                raise BadMessage(
+                    f"work holds a step or seconds out of range (0 to {protocol.MAX_WORK_S:.0e})"
+                )
             pairs.append((step, float(seconds)))
         line = message.get("last_line")
         if line is not None and (type(line) is not str or len(line) > protocol.LAST_LINE_CHARS):
@@ -269,7 +272,7 @@ def _numbers(
     if not kinds <= (_KINDS[kind] | {_NONE} if nullable else _KINDS[kind]):
         raise BadMessage(f"{name} holds a value of the wrong kind")
     known = [v for v in value if v is not None] if _NONE in kinds else value
-    if known and (min(known) < 0 or (kind is float and max(known) == math.inf)):
+    if known and (min(known) < 0 or max(known) > MAX_INT):  # past it: no float, or a sum not finite
         raise BadMessage(f"{name} holds a value of the wrong kind")
     return value
 

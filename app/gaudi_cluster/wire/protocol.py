@@ -36,6 +36,7 @@ HANDSHAKE_TIMEOUT_S = 5.0
 TAIL_MAX_LINES = 30
 TAIL_MAX_CHARS = 2048
 WORK_PER_BEAT = 16  # a beat stays well under 1 KB
+MAX_WORK_S = 1e9  # a step's work time past 30 years is garbage; below it a relay's sums stay small
 LAST_LINE_CHARS = 160
 NODE_RANK = -1  # the rank a node relay's handshake MACs name: it speaks for all of its node's ranks
 MAX_RANKS_PER_NODE = 64  # ranks of one `summary` (a Gaudi server has 8 cards)
