@@ -21,7 +21,7 @@ from gaudi_cluster.rank import agent_beat, jobdir
 from gaudi_cluster.rank.relay import Relay, listen, socket_path
 from gaudi_cluster.supervise.control import ControlEvent, ControlServer, EventKind
 from gaudi_cluster.wire import messages, protocol
-from gaudi_cluster.wire.channel import Channel, encode
+from gaudi_cluster.wire.channel import Channel, Unsendable, encode
 from gaudi_cluster.wire.private_payload import PrivatePayload
 
 JOB, NODE, HOST = "20261203-000000-badline", "node-a", "node-a"
@@ -189,3 +189,58 @@ def test_an_agent_sends_no_number_its_relay_would_drop():
         line = encode(messages.render(beat))
         assert messages.parse_line(line, messages.FROM_AGENT) == beat
     assert beat.work == ((1, 0.5),) and beat.max_steps is None
+
+
+def a_full_exit(size: int) -> messages.Exit:
+    """An exit whose line is `size` bytes: what a rank whose last lines are long and not ASCII
+    (each character escaped to six bytes) leaves its agent to send."""
+    tail = ["é" * 1000] * 10
+    exit_ = messages.Exit(1, tail=(*tail, ""))
+    short = len(encode(messages.render(exit_)))
+    last = "x" * (size - short)
+    return messages.Exit(1, tail=(*tail, last))
+
+
+def test_an_exit_that_fits_the_agents_line_but_not_the_sealed_one_still_spares_the_node(node):
+    """Before: the relay forwarded it with its rank, seq and MAC, over MAX_LINE; the master cut the
+    node's one connection, and every rank of the node was lost and stopped."""
+    first, second = node.agent(0), node.agent(1)
+    assert sorted(e.rank for e in node.events(2)) == [0, 1]
+    exit_ = a_full_exit(protocol.MAX_LINE - 10)
+    assert len(encode(messages.render(exit_))) == protocol.MAX_LINE - 10
+    first.send(exit_)
+    (event,) = node.events(1)
+    assert (event.kind, event.rank, event.code) == (EventKind.EXIT, 0, 1)
+    assert event.tail[-1] == exit_.tail[-1][: protocol.TAIL_MAX_CHARS]  # the newest lines are kept
+    assert_the_node_goes_on(node, second, 1)
+
+
+def test_a_message_no_line_holds_is_refused_before_its_seal_and_the_session_stays_in_order():
+    """Before: it went out over MAX_LINE (its reader then cut the connection); skipped after its seal,
+    every later line would be out of order."""
+    key = protocol.new_token()
+    mine, theirs = socket.socketpair()
+    sender, reader = Channel(mine), Channel(theirs)
+    sender.session, reader.session = protocol.Session(key, "agent"), protocol.Session(key, "master")
+    reader.settimeout(5)
+    steady = (messages.Beat(rank=0, last_line="é" * 160),)
+    summary = messages.Summary((0,), (1,), (0.0,), (None,), steady=steady)
+    assert len(encode(messages.render(summary))) < protocol.MAX_SEALED_BODY  # this one fits
+    too_long = messages.Exit(1, tail=("é" * 20000,))
+    with pytest.raises(Unsendable, match="over the"):
+        sender.send(too_long)
+    with pytest.raises(Unsendable, match="number JSON has not"):
+        sender.send(messages.Beat(progress_age=float("inf")))
+    sender.send(summary)
+    assert reader.receive(messages.FROM_RELAY_SESSION) == summary  # sequence 1: nothing was skipped
+
+
+def test_an_exit_keeps_its_newest_lines_that_fit():
+    tail = tuple(f"{i:02d}" + "é" * 3000 for i in range(30))
+    fitted = messages.fitted_exit(messages.Exit(3, 9, tail, "stop", rank=2), protocol.MAX_SEALED_BODY)
+    assert len(encode(messages.render(fitted))) - 1 <= protocol.MAX_SEALED_BODY
+    assert (fitted.code, fitted.signal, fitted.stop_reason, fitted.rank) == (3, 9, "stop", 2)
+    assert fitted.tail and fitted.tail[-1] == tail[-1][: protocol.TAIL_MAX_CHARS]
+    assert [line[:2] for line in fitted.tail] == [f"{i:02d}" for i in range(30 - len(fitted.tail), 30)]
+    short = messages.Exit(0, tail=("bye",))
+    assert messages.fitted_exit(short, protocol.MAX_SEALED_BODY) == short

@@ -35,7 +35,7 @@ from pathlib import Path
 from gaudi_cluster.rank import jobdir
 from gaudi_cluster.rank.relay_beats import NodeBeats
 from gaudi_cluster.wire import messages, protocol
-from gaudi_cluster.wire.channel import Channel, Identity, connect_and_authenticate
+from gaudi_cluster.wire.channel import Channel, Identity, Unsendable, connect_and_authenticate
 
 SOCKET_NAME = "control.sock"
 PID_NAME = "relay.pid"
@@ -82,6 +82,7 @@ class Relay:
         self.joined_any = False
         self.ignored = 0  # the master's lines dropped (no session MAC, or no message for a relay)
         self.dropped = 0  # the agents' lines dropped (each agent's first SAID said)
+        self.unsent = 0  # messages no line to the master could carry (the first SAID said)
         self.done = threading.Event()
         self.listening = threading.Event()
 
@@ -103,9 +104,16 @@ class Relay:
         # send blocked this long (its window full) fails instead of hanging the relay.
         self.master.settimeout(self.heartbeat_timeout_s)
 
-    def send_master(self, message: messages.Message) -> None:
+    def send_master(self, message: messages.Message) -> bool:
+        """Whether it went; one no line carries is said and skipped, the session kept in order."""
         assert self.master is not None
-        self.master.send(message)
+        try:
+            return self.master.send(message)
+        except Unsendable as error:
+            self.unsent += 1
+            if self.unsent <= SAID:
+                say(f"did not send the master {error}")
+            return False
 
     def from_master(self) -> None:
         assert self.master is not None
@@ -164,10 +172,14 @@ class Relay:
                 say(f"the node's summary failed this second: {type(error).__name__}: {error}")
 
     def _tick(self) -> None:
+        assert self.master is not None
         with self.lock:
             beats = self.beats.message(sorted(self.links), time.monotonic())
             idle = not self.links and not self.joining
-        self.send_master(beats)
+        if not self.send_master(beats) and not self.master.closed:
+            # Its hot lists alone always fit (numbers, MAX_RANKS_PER_NODE of each): the node's ranks
+            # stay heard even when their steady fields and work times did not fit a line.
+            self.send_master(replace(beats, steady=(), work=()))
         if idle and self.joined_any and time.monotonic() - self.last_leave > LINGER_S:
             self.done.set()
 
@@ -226,7 +238,9 @@ class Relay:
                     last = self.beats.message([link.rank], time.monotonic(), flush=True)
                 if last.work:
                     self.send_master(last)
-                self.send_master(replace(message, rank=link.rank))
+                # Its code must arrive whatever its last lines were: they are cut to fit one line.
+                exit_ = replace(message, rank=link.rank)
+                self.send_master(messages.fitted_exit(exit_, protocol.MAX_SEALED_BODY))
 
     def _leave(self, link: _Link) -> None:
         # The relay's own doing (a refusal, the master gone) or the agent's plain end need no word;

@@ -11,9 +11,10 @@ reader takes which kinds is spelled out below (`FROM_...`): no reader compares a
 from __future__ import annotations
 
 import enum
+import json
 import math
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
 from gaudi_cluster.wire import protocol
@@ -328,6 +329,22 @@ class Exit:
         if reason is not None and (type(reason) is not str or len(reason) > 1024):
             raise BadMessage("stop_reason is not a short text")
         return cls(code, signal, tuple(tail), reason, rank_of(message, required=False))
+
+
+def fitted_exit(exit: Exit, room: int) -> Exit:
+    """This exit with as many of its newest tail lines (each cut to TAIL_MAX_CHARS) as keep its JSON
+    within `room` bytes. A rank's last lines are whatever it printed (a line of 60 KB, or of bytes
+    escaped six times over): its exit code must reach the master all the same, and a relay's line
+    over MAX_LINE would cost the node's connection."""
+    tail = protocol.trimmed_tail(exit.tail)
+    used = len(json.dumps(render(replace(exit, tail=("",))), separators=(",", ":")))
+    kept: list[str] = []
+    for line in reversed(tail):
+        used += len(json.dumps(line)) + 1  # quoted and escaped as the line carries it, and a comma
+        if used > room:
+            break
+        kept.append(line)
+    return replace(exit, tail=tuple(reversed(kept)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -92,6 +92,9 @@ def session_key(key: str, master_nonce: str, agent_nonce: str, job: str, rank: i
     return _mac(key, "session", master_nonce, agent_nonce, job, rank)
 
 
+# What sealing adds to a message's JSON (its closing brace replaced): the longest seq, the MAC, "}\n".
+SEAL_BYTES = len(b',"seq":') + 18 + len(b',"mac":""}\n') + 64 - 1
+MAX_SEALED_BODY = MAX_LINE - SEAL_BYTES  # the longest JSON a session may carry
 _SEALED_END = re.compile(rb',"seq":([1-9][0-9]{0,17}),"mac":"([0-9a-f]{64})"\}\r?\n?\Z')
 
 
