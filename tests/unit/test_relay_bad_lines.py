@@ -9,6 +9,7 @@ relay and its one connection to the master go on.
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 import socket
 import threading
@@ -244,3 +245,25 @@ def test_an_exit_keeps_its_newest_lines_that_fit():
     assert [line[:2] for line in fitted.tail] == [f"{i:02d}" for i in range(30 - len(fitted.tail), 30)]
     short = messages.Exit(0, tail=("bye",))
     assert messages.fitted_exit(short, protocol.MAX_SEALED_BODY) == short
+
+
+def test_a_message_the_master_fails_to_apply_costs_the_line_not_the_node(node, monkeypatch, caplog):
+    """Whatever one of a relay's lines breaks in the master's bookkeeping, the node's connection (and
+    its other ranks) stay: the line is dropped and logged with the node."""
+    caplog.set_level(logging.WARNING, "gaudi_cluster.supervise.control")
+    _, second = node.agent(0), node.agent(1)
+    assert len(node.events(2)) == 2
+    real = node.server.ranks.heard_summary
+    failed: list[int] = []
+
+    def once(*args: object) -> None:
+        if not failed:
+            failed.append(1)
+            raise OverflowError("a bug")
+        real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(node.server.ranks, "heard_summary", once)
+    assert until(lambda: failed)
+    assert_the_node_goes_on(node, second, 1)
+    logged = [r.getMessage() for r in caplog.records]
+    assert any("relay of node node-a" in m and "OverflowError" in m for m in logged), logged
