@@ -298,7 +298,9 @@ class RankAgent:
     def _report(self, code: int, signum: int | None) -> None:
         if self.channel is None:
             return
-        self.channel.send(messages.Exit(code, signum, tuple(self.tail), self.stop_reason))
+        # Its last lines are whatever the rank printed: cut to fit one line, so that the code arrives.
+        exit_ = messages.Exit(code, signum, tuple(self.tail), self.stop_reason)
+        self.channel.send(messages.fitted_exit(exit_, self.channel.room))
         self.channel.close()
 
     def _forward_signals(self) -> list[int]:

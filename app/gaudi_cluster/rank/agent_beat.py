@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gaudi_cluster.wire import protocol
+from gaudi_cluster.wire.fields import MAX_INT, is_number
 from gaudi_cluster.wire.messages import Beat
 
 
@@ -25,7 +26,8 @@ def beat(
         step, stamp = int(progress["step"]), float(progress["t"])  # type: ignore[index]
     except (TypeError, KeyError, ValueError, OverflowError):
         return idle, sent_upto
-    if step < 0 or not math.isfinite(stamp):
+    age = round(max(0.0, now - stamp), 3) if math.isfinite(stamp) else math.inf
+    if not 0 <= step <= MAX_INT or not is_number(age):  # its relay would drop the beat
         return idle, sent_upto
     assert progress is not None
     work = progress.get("work", [])
@@ -38,7 +40,7 @@ def beat(
         step=step,
         max_steps=_count_or_none(progress.get("max_steps")),
         samples_per_step=_count_or_none(progress.get("samples_per_step")),
-        progress_age=round(max(0.0, now - stamp), 3),
+        progress_age=age,
         work=tuple(fresh),
         last_line=line,
     )
@@ -46,7 +48,7 @@ def beat(
 
 
 def _count_or_none(value: object) -> int | None:
-    return value if type(value) is int and value >= 0 else None
+    return value if type(value) is int and 0 <= value <= MAX_INT else None
 
 
 def _is_pair(pair: object) -> bool:
@@ -55,8 +57,8 @@ def _is_pair(pair: object) -> bool:
     step, seconds = pair
     return (
         type(step) is int
-        and step >= 0
+        and 0 <= step <= MAX_INT
         and type(seconds) in (int, float)
         and math.isfinite(seconds)
-        and seconds >= 0
+        and 0 <= seconds <= protocol.MAX_WORK_S
     )

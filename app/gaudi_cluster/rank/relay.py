@@ -35,12 +35,13 @@ from pathlib import Path
 from gaudi_cluster.rank import jobdir
 from gaudi_cluster.rank.relay_beats import NodeBeats
 from gaudi_cluster.wire import messages, protocol
-from gaudi_cluster.wire.channel import Channel, Identity, connect_and_authenticate
+from gaudi_cluster.wire.channel import Channel, Identity, Unsendable, connect_and_authenticate
 
 SOCKET_NAME = "control.sock"
 PID_NAME = "relay.pid"
 LINGER_S = 2.0  # after the last agent left: room for a late one before the relay ends
 STARTER_POLL_S = 0.2
+SAID = 3  # lines said of one kind of trouble from one peer: a stream of them is not a stream of logs
 
 
 def socket_path(job_dir: Path) -> str:
@@ -60,6 +61,10 @@ class _Link:
         self.channel = channel
         self.rank: int | None = None
         self.exited = False
+        self.dropped = 0  # its lines dropped (the first SAID of them said)
+
+    def who(self) -> str:
+        return "not joined yet" if self.rank is None else f"rank {self.rank}"
 
 
 class Relay:
@@ -76,7 +81,8 @@ class Relay:
         self.last_leave = time.monotonic()
         self.joined_any = False
         self.ignored = 0  # the master's lines dropped (no session MAC, or no message for a relay)
-        self.dropped = 0  # the agents' lines dropped (logged: the first few)
+        self.dropped = 0  # the agents' lines dropped (each agent's first SAID said)
+        self.unsent = 0  # messages no line to the master could carry (the first SAID said)
         self.done = threading.Event()
         self.listening = threading.Event()
 
@@ -98,9 +104,16 @@ class Relay:
         # send blocked this long (its window full) fails instead of hanging the relay.
         self.master.settimeout(self.heartbeat_timeout_s)
 
-    def send_master(self, message: messages.Message) -> None:
+    def send_master(self, message: messages.Message) -> bool:
+        """Whether it went; one no line carries is said and skipped, the session kept in order."""
         assert self.master is not None
-        self.master.send(message)
+        try:
+            return self.master.send(message)
+        except Unsendable as error:
+            self.unsent += 1
+            if self.unsent <= SAID:
+                say(f"did not send the master {error}")
+            return False
 
     def from_master(self) -> None:
         assert self.master is not None
@@ -110,16 +123,27 @@ class Relay:
                     self._from_master(message)
                 except Exception as error:  # no line may end the node's link to the master
                     self._ignore(f"handling it failed: {type(error).__name__}")
+        except Exception as error:  # as if the master were gone: the agents must learn it
+            self.master.close_reason = f"reading it failed: {type(error).__name__}"
         finally:
-            # The master is gone: every agent is cut off (and stops its rank), then the relay ends.
-            for link in self.all_links():
-                link.channel.close()
-            self.done.set()
+            self._master_lost(self.master.close_reason or "ended")
+
+    def _master_lost(self, why: str) -> None:
+        """The master's link ended (closed, silent past the heartbeat timeout, or a line no session
+        takes: one over MAX_LINE cannot be authentic, and what followed it is unreadable): every
+        agent is cut off (and stops its rank), then the relay ends. Said, unless the relay was
+        ending anyway (its last agent left)."""
+        links = self.all_links()
+        if not self.done.is_set():
+            say(f"the master's link ended ({why}): cutting off this node's {len(links)} agents")
+        for link in links:
+            link.channel.close()
+        self.done.set()
 
     def _ignore(self, why: str) -> None:
         # Only the master's sealed messages count: an injected stop (or beat) changes nothing.
         self.ignored += 1
-        if self.ignored <= 3:  # a stream of forgeries must not become a stream of lines
+        if self.ignored <= SAID:  # a stream of forgeries must not become a stream of lines
             say(f"ignored a control message ({why})")
 
     def _from_master(self, message: messages.Message | messages.Dropped) -> None:
@@ -142,12 +166,22 @@ class Relay:
     def tick(self) -> None:
         """Once a second: the node's beats to the master; the relay's end once its agents are gone."""
         while not self.done.wait(protocol.BEAT_INTERVAL_S):
-            with self.lock:
-                beats = self.beats.message(sorted(self.links), time.monotonic())
-                idle = not self.links and not self.joining
-            self.send_master(beats)
-            if idle and self.joined_any and time.monotonic() - self.last_leave > LINGER_S:
-                self.done.set()
+            try:
+                self._tick()
+            except Exception as error:  # one second's summary, never the relay (this is its main thread)
+                say(f"the node's summary failed this second: {type(error).__name__}: {error}")
+
+    def _tick(self) -> None:
+        assert self.master is not None
+        with self.lock:
+            beats = self.beats.message(sorted(self.links), time.monotonic())
+            idle = not self.links and not self.joining
+        if not self.send_master(beats) and not self.master.closed:
+            # Its hot lists alone always fit (numbers, MAX_RANKS_PER_NODE of each): the node's ranks
+            # stay heard even when their steady fields and work times did not fit a line.
+            self.send_master(replace(beats, steady=(), work=()))
+        if idle and self.joined_any and time.monotonic() - self.last_leave > LINGER_S:
+            self.done.set()
 
     # --- the agents' side -----------------------------------------------------------------------
 
@@ -167,24 +201,26 @@ class Relay:
         try:
             self._serve(link)
         except Exception as error:  # one agent's trouble ends its link, never the relay
-            self._drop(f"serving an agent failed: {type(error).__name__}")
+            channel.close_reason = f"serving it failed: {type(error).__name__}"
         finally:
             self._leave(link)
 
-    def _drop(self, why: str) -> None:
+    def _drop(self, link: _Link, why: str) -> None:
         with self.lock:
             self.dropped += 1
-            first = self.dropped <= 3
-        if first:  # an agent's lines are this user's own, but a stream of them is not a stream of logs
-            say(f"dropped a line from an agent ({why})")
+        link.dropped += 1
+        # Counted per agent: one agent's flood never hides another's line. Its lines are this
+        # user's own, but a stream of them is not a stream of logs.
+        if link.dropped <= SAID:
+            say(f"dropped a line from an agent ({link.who()}: {why})")
 
     def _serve(self, link: _Link) -> None:
         while (message := link.channel.receive(messages.FROM_AGENT)) is not None:
             if isinstance(message, messages.Dropped):
-                self._drop(message.reason)
+                self._drop(link, message.reason)
             elif isinstance(message, messages.Join):
                 if link.rank is not None:
-                    self._drop(f"a second join on rank {link.rank}'s link")
+                    self._drop(link, "a second join on its link")
                     continue
                 link.rank = message.rank
                 with self.lock:
@@ -192,7 +228,7 @@ class Relay:
                     self.joined_any = True
                 self.send_master(replace(message, node=self.node))
             elif link.rank is None:
-                self._drop(f"a {message.TYPE.value} before the join")
+                self._drop(link, f"a {message.TYPE.value} before the join")
             elif isinstance(message, messages.Beat):
                 with self.lock:
                     self.beats.record(link.rank, message)
@@ -202,9 +238,18 @@ class Relay:
                     last = self.beats.message([link.rank], time.monotonic(), flush=True)
                 if last.work:
                     self.send_master(last)
-                self.send_master(replace(message, rank=link.rank))
+                # Its code must arrive whatever its last lines were: they are cut to fit one line.
+                exit_ = replace(message, rank=link.rank)
+                self.send_master(messages.fitted_exit(exit_, protocol.MAX_SEALED_BODY))
 
     def _leave(self, link: _Link) -> None:
+        # The relay's own doing (a refusal, the master gone) or the agent's plain end need no word;
+        # a link cut for what its agent sent (a line over MAX_LINE) does.
+        why = link.channel.close_reason
+        cut = why not in ("", "closed by the peer", "broken")
+        if cut:
+            agent = "an agent not joined yet" if link.rank is None else f"rank {link.rank}'s agent"
+            say(f"closed the link of {agent}: {why}")
         link.channel.close()
         with self.lock:
             seated = link.rank is not None and self.links.get(link.rank) is link
@@ -215,7 +260,8 @@ class Relay:
                 del self.joining[link.rank]
             self.last_leave = time.monotonic()
         if seated and not link.exited and not self.done.is_set():
-            self.send_master(messages.Gone(link.rank, "its agent left the node relay without an exit"))  # type: ignore[arg-type]
+            reason = "its agent left the node relay without an exit" + (f" ({why})" if cut else "")
+            self.send_master(messages.Gone(link.rank, reason))  # type: ignore[arg-type]
 
     def accept(self, listener: socket.socket) -> None:
         while not self.done.is_set():

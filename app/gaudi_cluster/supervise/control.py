@@ -183,11 +183,20 @@ class ControlServer(SelectorServer):
         except messages.BadMessage as error:
             self.gate.refuse(conn.who(), f"dropped a message: {error}")
             return
-        if conn.node is not None:
-            self._record_for_node(conn, message)
-        else:
-            assert conn.agent is not None
-            self._record(conn.agent, message)
+        except Exception as error:  # a check's own slip costs the line, as a bad line does
+            self.gate.refuse(conn.who(), f"dropped a message: unreadable ({type(error).__name__})")
+            return
+        try:
+            if conn.node is not None:
+                self._record_for_node(conn, message)
+            else:
+                assert conn.agent is not None
+                self._record(conn.agent, message)
+        except Exception as error:
+            # Past here the line was authentic and well formed: whatever it still breaks costs that
+            # line, not the connection (a relay's holds every rank of its node).
+            failed = f"applying its {message.TYPE.value} failed ({type(error).__name__}: {error})"
+            self.gate.refuse(conn.who(), f"dropped a message: {failed}")
 
     def _handshake_step(self, conn: _Agent, handshake: Handshake, line: bytes) -> None:
         try:

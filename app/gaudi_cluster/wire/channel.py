@@ -21,6 +21,11 @@ from typing import Any
 from gaudi_cluster.wire import messages, protocol
 
 
+class Unsendable(ValueError):
+    """A message that would make no line a reader takes (over protocol.MAX_LINE, or a number JSON
+    has not): why, in one line."""
+
+
 class Channel:
     """A socket speaking newline-delimited JSON (lines of at most protocol.MAX_LINE bytes), safe to
     send on from several threads. Once the handshake set a `session`, every message sent is sealed
@@ -36,16 +41,32 @@ class Channel:
         self.session: protocol.Session | None = None
         self.attempts = 1  # handshakes it took (connect_and_authenticate retries)
 
+    @property
+    def room(self) -> int:
+        """The most bytes a message's JSON may take here (a sealed line's seq and MAC take some)."""
+        return protocol.MAX_SEALED_BODY if self.session is not None else protocol.MAX_LINE - 1
+
     def settimeout(self, seconds: float | None) -> None:
         self._sock.settimeout(seconds)
 
     def send(self, message: messages.Message | Mapping[str, Any]) -> bool:
-        """Send a typed message (a mapping: its fields as they are, which only a test forging one needs)."""
-        fields = messages.render(message) if not isinstance(message, Mapping) else message
+        """Send a typed message (a mapping: its fields as they are, which only a test forging one
+        needs); False once the connection is broken. Unsendable, with nothing sent and the session's
+        sequence untouched, for a message no reader would take (the caller says so and goes on)."""
+        forged = isinstance(message, Mapping)
+        fields = message if forged else messages.render(message)  # type: ignore[arg-type]
+        try:  # a forgery goes as it is (NaN too): a test sends what no reader should take
+            body = json.dumps(fields, separators=(",", ":"), allow_nan=forged).encode()
+        except ValueError as error:
+            raise Unsendable(f"a {fields.get('type')} holding a number JSON has not: {error}") from None
         with self._send_lock:
             if self.closed:
                 return False
-            line = self.session.seal(fields) if self.session is not None else encode(fields)
+            # Checked before the seal takes a sequence number: a line skipped after it would make
+            # every later one out of order, silencing the connection for good.
+            if len(body) > (room := self.room):
+                raise Unsendable(f"a {fields.get('type')} of {len(body)} bytes, over the {room} a line holds")
+            line = self.session.seal_line(body) if self.session is not None else body + b"\n"
             try:
                 self._sock.sendall(line)
                 return True
@@ -81,6 +102,8 @@ class Channel:
             return messages.parse_line(body, allowed)
         except messages.BadMessage as error:
             return messages.Dropped(str(error))
+        except Exception as error:  # a check's own slip costs the line, never the reader or its link
+            return messages.Dropped(f"unreadable: {type(error).__name__}")
 
     def close(self) -> None:
         self.closed = True

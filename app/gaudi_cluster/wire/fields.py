@@ -8,12 +8,15 @@ The messages themselves are in `messages`.
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 MAX_DEPTH = 16  # the deepest message (a relay's beats: object, list, object, list, pair) is 5
+# Every number of a message (a step, a rank, a pid, seconds) is at most this: JSON carries ints of
+# 4,300 digits, and a step past 2**63 from a rank's progress file broke the master's work history
+# (OverflowError) and with it the node's one connection; an int past 10**308 is no float at all.
+MAX_INT = 2**63 - 1
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _BRACKETS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 _OPEN = frozenset(b"[{")
@@ -45,15 +48,15 @@ def text(message: Mapping[str, Any], name: str, limit: int, required: bool = Tru
 
 def count(message: Mapping[str, Any], name: str, default: int | None = None) -> int:
     value = message.get(name, default)
-    if type(value) is not int or value < 0:
-        raise BadMessage(f"{name} is not a non-negative integer")
+    if type(value) is not int or not 0 <= value <= MAX_INT:
+        raise BadMessage(f"{name} is not a non-negative 64-bit integer")
     return value
 
 
 def optional_count(message: Mapping[str, Any], name: str) -> int | None:
     value = message.get(name)
-    if value is not None and (type(value) is not int or value < 0):
-        raise BadMessage(f"{name} is not a non-negative integer")
+    if value is not None and (type(value) is not int or not 0 <= value <= MAX_INT):
+        raise BadMessage(f"{name} is not a non-negative 64-bit integer")
     return value
 
 
@@ -61,9 +64,15 @@ def optional_number(message: Mapping[str, Any], name: str) -> float | None:
     value = message.get(name)
     if value is None:
         return None
-    if type(value) not in (int, float) or not 0 <= value < math.inf:
+    if not is_number(value):
         raise BadMessage(f"{name} is not a non-negative number")
     return float(value)
+
+
+def is_number(value: object) -> bool:
+    """A non-negative int or float of at most MAX_INT (float() takes it, and a relay's sums of
+    them stay finite)."""
+    return type(value) in (int, float) and 0 <= value <= MAX_INT  # type: ignore[operator]
 
 
 def hex64(message: Mapping[str, Any], name: str) -> str:

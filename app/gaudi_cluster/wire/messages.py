@@ -11,13 +11,15 @@ reader takes which kinds is spelled out below (`FROM_...`): no reader compares a
 from __future__ import annotations
 
 import enum
+import json
 import math
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
 from gaudi_cluster.wire import protocol
 from gaudi_cluster.wire.fields import (
+    MAX_INT,
     BadMessage,
     count,
     decode,
@@ -196,8 +198,10 @@ class Beat:
             step, seconds = pair
             if type(step) is not int or type(seconds) not in (int, float) or not math.isfinite(seconds):
                 raise BadMessage("work holds something other than [step, seconds] pairs")
-            if step < 0 or seconds < 0:
-                raise BadMessage("work holds a negative step or duration")
+            if not 0 <= step <= MAX_INT or not 0 <= seconds <= protocol.MAX_WORK_S:
+                raise BadMessage(
+                    f"work holds a step or seconds out of range (0 to {protocol.MAX_WORK_S:.0e})"
+                )
             pairs.append((step, float(seconds)))
         line = message.get("last_line")
         if line is not None and (type(line) is not str or len(line) > protocol.LAST_LINE_CHARS):
@@ -269,7 +273,7 @@ def _numbers(
     if not kinds <= (_KINDS[kind] | {_NONE} if nullable else _KINDS[kind]):
         raise BadMessage(f"{name} holds a value of the wrong kind")
     known = [v for v in value if v is not None] if _NONE in kinds else value
-    if known and (min(known) < 0 or (kind is float and max(known) == math.inf)):
+    if known and (min(known) < 0 or max(known) > MAX_INT):  # past it: no float, or a sum not finite
         raise BadMessage(f"{name} holds a value of the wrong kind")
     return value
 
@@ -325,6 +329,22 @@ class Exit:
         if reason is not None and (type(reason) is not str or len(reason) > 1024):
             raise BadMessage("stop_reason is not a short text")
         return cls(code, signal, tuple(tail), reason, rank_of(message, required=False))
+
+
+def fitted_exit(exit: Exit, room: int) -> Exit:
+    """This exit with as many of its newest tail lines (each cut to TAIL_MAX_CHARS) as keep its JSON
+    within `room` bytes. A rank's last lines are whatever it printed (a line of 60 KB, or of bytes
+    escaped six times over): its exit code must reach the master all the same, and a relay's line
+    over MAX_LINE would cost the node's connection."""
+    tail = protocol.trimmed_tail(exit.tail)
+    used = len(json.dumps(render(replace(exit, tail=("",))), separators=(",", ":")))
+    kept: list[str] = []
+    for line in reversed(tail):
+        used += len(json.dumps(line)) + 1  # quoted and escaped as the line carries it, and a comma
+        if used > room:
+            break
+        kept.append(line)
+    return replace(exit, tail=tuple(reversed(kept)))
 
 
 @dataclass(frozen=True, slots=True)

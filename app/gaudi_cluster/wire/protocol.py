@@ -36,6 +36,7 @@ HANDSHAKE_TIMEOUT_S = 5.0
 TAIL_MAX_LINES = 30
 TAIL_MAX_CHARS = 2048
 WORK_PER_BEAT = 16  # a beat stays well under 1 KB
+MAX_WORK_S = 1e9  # a step's work time past 30 years is garbage; below it a relay's sums stay small
 LAST_LINE_CHARS = 160
 NODE_RANK = -1  # the rank a node relay's handshake MACs name: it speaks for all of its node's ranks
 MAX_RANKS_PER_NODE = 64  # ranks of one `summary` (a Gaudi server has 8 cards)
@@ -91,6 +92,9 @@ def session_key(key: str, master_nonce: str, agent_nonce: str, job: str, rank: i
     return _mac(key, "session", master_nonce, agent_nonce, job, rank)
 
 
+# What sealing adds to a message's JSON (its closing brace replaced): the longest seq, the MAC, "}\n".
+SEAL_BYTES = len(b',"seq":') + 18 + len(b',"mac":""}\n') + 64 - 1
+MAX_SEALED_BODY = MAX_LINE - SEAL_BYTES  # the longest JSON a session may carry
 _SEALED_END = re.compile(rb',"seq":([1-9][0-9]{0,17}),"mac":"([0-9a-f]{64})"\}\r?\n?\Z')
 
 
