@@ -145,7 +145,7 @@ ep_validate_keys() {
 	key="$dir/$name"
 	# The host CA signs every node's certificate: a node holding it could certify itself as any other.
 	[[ ! -e "$dir/ca/host_ca" && ! -e "$dir/host_ca" ]] \
-		|| ep_die "the host CA's private key is mounted on this node ($dir/ca); fix: mount .keys/master on the master and .keys/nodes/NAME (or nodes/any) on a worker, never .keys itself"
+		|| ep_die "the host CA's private key is mounted on this node ($dir/ca); fix: mount .keys/master on the master and .keys/nodes/NAME on node NAME, never .keys itself"
 	[[ -d "$dir" && -e "$pub" ]] \
 		|| ep_die "no cluster key at $pub; fix: make keys and mount .keys read-only at $dir (docker run -v \"\$PWD/.keys:$dir:ro\")"
 	ep_check_public_key "$pub"
@@ -153,6 +153,26 @@ ep_validate_keys() {
 		[[ "$name" == "$EP_OPERATOR_KEY_NAME" ]] || ep_check_private_key "$key" "$pub"
 	elif [[ "$role" == master ]]; then
 		ep_die "no private key at $key (the master needs it to reach the workers); fix: make keys and mount .keys read-only at $dir"
+	fi
+	ep_check_own_host_key "$role"
+}
+
+# ep_check_own_host_key ROLE: a host key in the key directory must be this node's own: certified by the
+# cluster's host CA (host_ca.pub beside it) and, on a worker, for the names this node is reached by.
+# Refused: an uncertified key (a key directory from before the host CA: one key on every node) and a
+# worker certificate valid for any name (make keys' old nodes/any: one key on every node it served).
+ep_check_own_host_key() {
+	local role="$1" dir given shown
+	dir="$(ep_ssh_dir)"
+	given="$dir/ssh_host_ed25519_key"
+	[[ -e "$given" ]] || return 0
+	local fix="fix: make keys NAMES=<this node's name> and mount .keys/nodes/NAME on it (.keys/master on the master)"
+	[[ -s "$given-cert.pub" && -s "$dir/host_ca.pub" ]] \
+		|| ep_die "$given has no certificate of the cluster's host CA (a key directory from before the CA: the same host key on every node); $fix"
+	shown="$(ssh-keygen -L -f "$given-cert.pub" 2>/dev/null)" \
+		|| ep_die "$given-cert.pub is not an ssh certificate; $fix"
+	if [[ "$role" != master ]] && grep -q '^[[:space:]]*Principals: (none)' <<<"$shown"; then
+		ep_die "$given-cert.pub is valid for any name (make keys' old nodes/any: one host key on every node it served); $fix"
 	fi
 }
 
@@ -181,10 +201,10 @@ ep_install_keys() {
 	fi
 }
 
-# ep_host_keys: this node's host key from the secret (make keys: nodes/NAME, nodes/any or master/) and
-# its certificate, which sshd serves (HostCertificate); clients here pin the host CA (@cert-authority),
-# or a pre-CA key directory's one shared host key. Without one, this container's own key (never in the
-# image), kept across restarts, and clients accept a new node's key on first contact. Ed25519 only:
+# ep_host_keys: this node's host key from the secret (make keys: nodes/NAME or master/; checked by
+# ep_check_own_host_key) and its certificate, which sshd serves (HostCertificate); clients here pin the
+# host CA (@cert-authority). Without one, this container's own key (never in the image), kept across
+# restarts, and clients accept a new node's key on first contact. Ed25519 only:
 # every client here speaks it, and `ssh-keygen -A` would spend ~0.8 s of CPU on an RSA-3072 key at every
 # node start.
 ep_host_keys() {
@@ -197,17 +217,11 @@ ep_host_keys() {
 	if [[ -s "$given" && -s "$given.pub" ]]; then
 		install -m 0600 "$given" "$key"
 		install -m 0644 "$given.pub" "$key.pub"
-		if [[ -s "$given-cert.pub" ]]; then
-			install -m 0644 "$given-cert.pub" "$key-cert.pub"
-			printf 'HostCertificate %s\n' "$key-cert.pub" >"$cert_conf"
-		fi
+		install -m 0644 "$given-cert.pub" "$key-cert.pub"
+		printf 'HostCertificate %s\n' "$key-cert.pub" >"$cert_conf"
 		# Clients on this node (a user's pdsh or mpirun on a held cluster, mpirun's tree spawn) accept
-		# a node certified by the cluster's CA (or the old shared key) and nothing else.
-		if [[ -s "$dir/host_ca.pub" ]]; then
-			pinned="@cert-authority * $(cut -d' ' -f1,2 "$dir/host_ca.pub")"
-		else
-			pinned="* $(cut -d' ' -f1,2 "$given.pub")"
-		fi
+		# a node certified by the cluster's CA and nothing else.
+		pinned="@cert-authority * $(cut -d' ' -f1,2 "$dir/host_ca.pub")"
 		printf '%s\n' "$pinned" >"$EP_ETC_SSH/ssh_known_hosts"
 		mkdir -p "$EP_ETC_SSH/ssh_config.d"
 		printf 'Host *\n    StrictHostKeyChecking yes\n' >"$EP_ETC_SSH/ssh_config.d/05-gaudi-cluster-pinned.conf"

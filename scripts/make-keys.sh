@@ -9,18 +9,17 @@
 #                          has master/ is the master anyway)
 #   nodes/NAME/            what node NAME mounts: id_ed25519.pub (the key it lets in), host_ca.pub, its
 #                          own host key and a certificate for NAME (and its ADDRESSes, the names the
-#                          master reaches it by): `ssh-keygen -s ca/host_ca -h -n NAME[,ADDRESS]`
-#   nodes/any/             for nodes the master reaches by names not known in advance (a scaled compose
-#                          service found by DNS, reached by address): one host key shared by those
-#                          nodes, certified for any name (what a shared host key proved, no more)
-#   ssh_host_ed25519_key   the shared host key (+ .pub) of the engines that hand every node the same
-#                          files and pin it as `* <key>`: the Kubernetes manifests (one pod template)
-#                          and `aws up` (docs/kubernetes.md, docs/aws.md)
+#                          master reaches it by): `ssh-keygen -s ca/host_ca -h -n NAME[,ADDRESS]`. Nodes
+#                          the master reaches at addresses a DNS name gives (a compose service, the
+#                          Indexed Job's Service) are named one by one too, each certified for that DNS
+#                          name as well (NAME,SERVICE: the master checks such a node against SERVICE)
+# Every host key is a node's own: no directory here serves two nodes (no shared host key, no key
+# certified for any name on a worker; the entrypoint refuses both). Without NAMES no worker has keys.
 # Clients pin `@cert-authority * <host_ca.pub>`: a node is let in by a certificate of this CA naming
 # the name the master dialled; no node holds another's host key, and the CA's key is on no node.
 # Directories 0700, private keys 0600, public ones 0644. Idempotent: existing keys are kept (and their
-# modes repaired); certificates are signed again each run (the principals follow the arguments).
-# Never prints a private key.
+# modes repaired); certificates are signed again each run (the principals follow the arguments), each
+# replaced whole (a node starting meanwhile reads the old one or the new one). Never prints a private key.
 set -Eeuo pipefail
 
 dir="${1:-.keys}"
@@ -54,12 +53,19 @@ node_dir() {
 	mkdir -p "$node"
 	chmod 0700 "$node"
 	new_key "$node/ssh_host_ed25519_key" "gaudi-cluster-host ${identity}"
-	rm -f "$node/ssh_host_ed25519_key-cert.pub"
+	# Signed beside the node's directory, then moved in whole: never a moment without a certificate.
+	local staging
+	staging="$(mktemp -d "$node/.sign.XXXXXX")"
+	cp "$node/ssh_host_ed25519_key.pub" "$staging/key.pub"
 	local sign=(-q -s "$ca" -I "gaudi-cluster-host-$identity" -h)
 	[[ -z "$principals" ]] || sign+=(-n "$principals")
-	ssh-keygen "${sign[@]}" "$node/ssh_host_ed25519_key.pub" </dev/null >/dev/null 2>&1 \
-		|| die "could not sign the host key in $node; fix: remove $node and run again"
-	chmod 0644 "$node/ssh_host_ed25519_key-cert.pub"
+	if ! ssh-keygen "${sign[@]}" "$staging/key.pub" </dev/null >/dev/null 2>&1; then
+		rm -rf "$staging"
+		die "could not sign the host key in $node; fix: remove $node and run again"
+	fi
+	chmod 0644 "$staging/key-cert.pub"
+	mv -f "$staging/key-cert.pub" "$node/ssh_host_ed25519_key-cert.pub"
+	rm -rf "$staging"
 	install -m 0644 "$key.pub" "$node/id_ed25519.pub"
 	install -m 0644 "$ca.pub" "$node/host_ca.pub"
 }
@@ -68,7 +74,7 @@ for entry in "${names[@]}"; do
 	name="${entry%%,*}"
 	[[ "$name" =~ ^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$ && "$entry" =~ ^[A-Za-z0-9.,:_-]+$ ]] \
 		|| die "'$entry' is not NAME[,ADDRESS...] (a host name, then the addresses the master dials); fix: make keys NAMES=\"node-1 node-2,10.0.0.2\""
-	[[ "$name" != any && "$name" != master ]] || die "'$name' is reserved (nodes/any, master/); fix: pick another node name"
+	[[ "$name" != any && "$name" != master ]] || die "'$name' is reserved (master/, and nodes/any of older runs); fix: pick another node name"
 done
 command -v ssh-keygen >/dev/null || die "ssh-keygen not found; fix: apt-get install -y openssh-client"
 umask 077
@@ -85,16 +91,19 @@ ssh-keygen -l -f "$key.pub" >&2
 [[ -e "$ca" ]] || note "made the host CA in $dir/ca (keep it here: never mount it on a node)"
 new_key "$ca" gaudi-cluster-host-ca
 
-shared="$dir/ssh_host_ed25519_key"
-[[ -e "$shared" ]] || note "made the shared host key in $dir (Kubernetes, aws up)"
-new_key "$shared" gaudi-cluster-host
 node_dir "$dir/master" "" master
 install -m 0600 "$key" "$dir/master/id_ed25519"
-node_dir "$dir/nodes/any" "" any
 for entry in "${names[@]}"; do
 	node_dir "$dir/nodes/${entry%%,*}" "$entry" "${entry%%,*}"
 done
-note "the master mounts $dir/master; node NAME mounts $dir/nodes/NAME (made: ${names[*]:-none}; make keys NAMES=... for more), a node of unknown name $dir/nodes/any"
-if [[ -e "$dir/worker" ]]; then
-	note "$dir/worker (one host key on every node) is no longer used; fix: mount $dir/nodes/NAME (make keys NAMES=NAME, or nodes/any) on each worker and $dir/master on the master, then remove $dir/worker"
+if ((${#names[@]})); then
+	note "the master mounts $dir/master; node NAME mounts $dir/nodes/NAME (made: ${names[*]}; make keys NAMES=... for more)"
+else
+	note "the master mounts $dir/master; no worker has keys yet: each needs its own, fix: make keys NAMES=\"node-1 node-2\" (the names the master dials), then mount $dir/nodes/NAME on node NAME"
 fi
+# Layouts of older runs that gave several nodes one host key: no longer made, refused by the nodes.
+for old in "$dir/worker" "$dir/nodes/any" "$dir/ssh_host_ed25519_key"; do
+	if [[ -e "$old" ]]; then
+		note "$old (one host key on every node) is no longer used, and a node refuses it; fix: give each node its own (make keys NAMES=NAME, mount $dir/nodes/NAME), then rm -rf $old $old.pub"
+	fi
+done

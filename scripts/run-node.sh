@@ -57,18 +57,26 @@ output="${GAUDI_CLUSTER_OUTPUT:-/data/gaudi-cluster}"
 runtime="${GAUDI_CLUSTER_RUNTIME-habana}"
 [[ -f "$keys/id_ed25519.pub" ]] || die "no cluster key in $keys; fix: make keys NAMES=\"\$(hostname)\" (then copy .keys/master to the master, .keys/nodes/NAME to node NAME)"
 # A node mounts only its part of make keys' directory, never the host CA (ca/): the master master/, a
-# worker its own nodes/NAME/ (NAME: this host's name), else nodes/any/, else a pre-CA worker/.
+# worker its own nodes/NAME/ (NAME: this host's name). No part serves two nodes: a worker without its
+# own is refused here (make keys' old nodes/any and worker/, one host key for many nodes, are not used).
+# A directory without those parts is this node's own (aws up's /opt/gaudi-cluster/keys).
 if [[ "$role" == master ]]; then
 	parts=(master)
 else
-	parts=("nodes/$(hostname -s)" "nodes/$(hostname -f 2>/dev/null || hostname)" nodes/any worker)
+	parts=("nodes/$(hostname -s)" "nodes/$(hostname -f 2>/dev/null || hostname)")
 fi
+found=""
 for part in "${parts[@]}"; do
 	if [[ -d "$keys/$part" ]]; then
-		keys="$keys/$part"
+		found="$keys/$part"
 		break
 	fi
 done
+if [[ -n "$found" ]]; then
+	keys="$found"
+elif [[ "$role" == worker && (-d "$keys/master" || -d "$keys/nodes" || -d "$keys/worker") ]]; then
+	die "no host key of this node's own in $keys/${parts[0]%/*}/ ($(hostname -s)); fix: make keys NAMES=\"$(hostname -s)\" (add ,ADDRESS for each address the master dials it by), then copy .keys/${parts[0]} here"
+fi
 [[ ! -d "$keys/ca" ]] || die "$keys holds the host CA (ca/), which no node may hold; fix: make keys NAMES=\"\$(hostname -s)\" and run again"
 
 memlock=-1:-1

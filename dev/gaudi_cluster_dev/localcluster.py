@@ -19,6 +19,10 @@ from pathlib import Path
 
 LABEL = "gaudi-cluster.cluster"
 KEY_MOUNT = "/run/secrets/gaudi-cluster"
+MAKE_KEYS = Path(__file__).resolve().parents[2] / "scripts" / "make-keys.sh"
+# The network alias every worker answers to: the DNS name the master finds the workers by, and so the
+# name each worker's certificate must carry (the master checks nodes found by DNS against it).
+WORKER_ALIAS = "worker"
 OUTPUT_MOUNT = "/workspace/output"
 HEALTH_CHECK = "/opt/gaudi-cluster/entrypoint/healthcheck.sh"
 
@@ -72,12 +76,22 @@ class LocalCluster:
 
     def keys_for(self, role: str, name: str = "") -> Path:
         """What a node mounts of make keys' directory (never all of it: the host CA stays here): the
-        master its master/ part, a worker its own nodes/<container name>/ when there is one (the name
-        the master dials with GAUDI_CLUSTER_PEERS), else nodes/any/ (the master reaches workers by the
-        addresses DNS gives), else a pre-CA directory's worker/ part."""
-        parts = ["master"] if role == "master" else [f"nodes/{name}", "nodes/any", "worker"]
-        found = [self.key_dir / part for part in parts if (self.key_dir / part).is_dir()]
-        return found[0] if found else self.key_dir
+        master its master/ part, a worker its own nodes/<container name>/, made here when the directory
+        holds the CA, certified for that name and for the alias the master finds it by (WORKER_ALIAS).
+        No two nodes mount the same host key; a worker with none of its own is refused here."""
+        if role == "master":
+            return self.key_dir / "master" if (self.key_dir / "master").is_dir() else self.key_dir
+        if (self.key_dir / "ca" / "host_ca").is_file():
+            return node_keys(self.key_dir, name, WORKER_ALIAS)
+        own = self.key_dir / "nodes" / name
+        if own.is_dir():
+            return own
+        if any((self.key_dir / part).exists() for part in ("master", "nodes", "ssh_host_ed25519_key")):
+            raise RuntimeError(
+                f"no host key of its own for worker {name} in {self.key_dir}/nodes; fix: make keys "
+                f"NAMES={name},{WORKER_ALIAS} with the host CA (or give key_dir the whole .keys)"
+            )
+        return self.key_dir  # a directory of this worker's own, with no host key: it makes one at start
 
     def _common_args(self, name: str, hostname: str, role: str = "master") -> list[str]:
         args = [
@@ -104,7 +118,7 @@ class LocalCluster:
     def start_workers(self, names: Sequence[str] | None = None) -> None:
         for index, name in enumerate(names or self.worker_names, start=1):
             args = [*self._common_args(name, f"worker-{index}", "worker"), *self.worker_args.get(index, [])]
-            docker("run", "-d", *args, "--network-alias", "worker", self.image, "worker")
+            docker("run", "-d", *args, "--network-alias", WORKER_ALIAS, self.image, "worker")
             self.started.append(name)
 
     def wait_healthy(self, names: Sequence[str], timeout_s: float = 60) -> float:
@@ -146,7 +160,12 @@ class LocalCluster:
 
     def master_args(self, extra_env: dict[str, str] | None = None) -> list[str]:
         args = self._common_args(self.master, "master")
-        args += ["-e", "GAUDI_CLUSTER_PEERS_DNS=worker", "-e", f"GAUDI_CLUSTER_NODES={self.workers + 1}"]
+        args += [
+            "-e",
+            f"GAUDI_CLUSTER_PEERS_DNS={WORKER_ALIAS}",
+            "-e",
+            f"GAUDI_CLUSTER_NODES={self.workers + 1}",
+        ]
         for key, value in (extra_env or {}).items():
             args += ["-e", f"{key}={value}"]
         if self.output_dir is not None:
@@ -196,7 +215,14 @@ class LocalCluster:
 
 def ensure_keys(key_dir: Path) -> None:
     if not (key_dir / "id_ed25519").exists():
-        subprocess.run(["scripts/make-keys.sh", str(key_dir)], check=True)
+        subprocess.run([str(MAKE_KEYS), str(key_dir)], check=True)
+
+
+def node_keys(key_dir: Path, name: str, *also: str) -> Path:
+    """nodes/NAME of make keys' directory (which holds the host CA): NAME's own host key (kept when there),
+    certified for NAME and for `also` (the DNS name the master finds it by)."""
+    subprocess.run([str(MAKE_KEYS), str(key_dir), ",".join((name, *also))], check=True, capture_output=True)
+    return key_dir / "nodes" / name
 
 
 def _summary(output: Path, nodes: int, ranks: int) -> str:

@@ -26,6 +26,8 @@ import pytest
 
 from tests.aws.dl1_facts import DL1, DL1_INSTANCE_TYPE, DL1_ZONES, moto_amis
 
+ROOT = Path(__file__).resolve().parents[2]
+
 REGION = "us-east-1"
 DL_QUOTA = "L-6E869C2A"
 # What the emulated account's DL vCPU quota is; a test lowers it to see `up` refuse.
@@ -178,10 +180,6 @@ class Aws:
     def private_key(self) -> bytes:
         return (self.keys_dir / "id_ed25519").read_bytes()
 
-    @property
-    def host_key(self) -> bytes:
-        return (self.keys_dir / "ssh_host_ed25519_key").read_bytes()
-
     def impostor_at(self, host: str) -> None:
         """The ssh config's `host` answers with a host key other than its pinned one."""
         with (self.ssh_log / "impostors").open("a") as listed:
@@ -211,14 +209,8 @@ class Aws:
 @pytest.fixture(scope="session")
 def cluster_keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("keys") / ".keys"
-    directory.mkdir(mode=0o700)
-    # As `make keys` makes them: the client key pair and the cluster's host identity.
-    for name, comment in (("id_ed25519", "gaudi-cluster"), ("ssh_host_ed25519_key", "gaudi-cluster-host")):
-        subprocess.run(
-            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(directory / name)],
-            check=True,
-            stdin=subprocess.DEVNULL,
-        )
+    # `make keys` itself: the client key pair and the host CA (and master/, which aws up does not read).
+    subprocess.run([str(ROOT / "scripts" / "make-keys.sh"), str(directory)], check=True, capture_output=True)
     return directory
 
 

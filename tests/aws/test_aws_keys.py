@@ -1,5 +1,6 @@
-"""Delivering the secret keys over ssh: on stdin only, the client key to the master alone, to host keys
-pinned from each instance's console and checked strictly, retried while a node boots, never logged."""
+"""Delivering the secret keys over ssh: on stdin only, the client key to the master alone, each node a
+host key of its own certified by the cluster's host CA, to host keys pinned from each instance's console
+and checked strictly, retried while a node boots, never logged."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import logging
 import shutil
 import subprocess
 import tarfile
+from pathlib import Path
 
 import pytest
 from gaudi_cluster.aws import keys
@@ -29,9 +31,20 @@ from tests.support.keys import pem_label
 KEYS = ClusterKeys(
     client_private=b"stand-in for the client key c2VjcmV0\n",  # what is delivered is opaque bytes
     client_public="ssh-ed25519 AAAA client",
-    host_private=b"stand-in for the host key aG9zdA==\n",
-    host_public="ssh-ed25519 BBBB host",
+    ca_public="ssh-ed25519 CCCC host-ca",
+    ca_key=Path("/nowhere/ca/host_ca"),
 )
+# A node's own host key and certificate, as node_host_key makes them (stand-ins: opaque bytes here).
+MASTER_HOST = {
+    "ssh_host_ed25519_key": b"stand-in for the master's host key aG9zdA==\n",
+    "ssh_host_ed25519_key.pub": b"ssh-ed25519 BBBB master\n",
+    "ssh_host_ed25519_key-cert.pub": b"ssh-ed25519-cert-v01@openssh.com MMMM master\n",
+}
+WORKER_HOST = {
+    "ssh_host_ed25519_key": b"stand-in for node-1's host key aG9zdA==\n",
+    "ssh_host_ed25519_key.pub": b"ssh-ed25519 DDDD node-1\n",
+    "ssh_host_ed25519_key-cert.pub": b"ssh-ed25519-cert-v01@openssh.com NNNN node-1\n",
+}
 MASTER = SshHost("master", "198.51.100.7", "i-0000000000000000a")
 WORKER = SshHost("node-1", "10.0.0.11", "i-0000000000000000b")
 
@@ -73,8 +86,8 @@ class Clock:
 
 def deliveries() -> list[Delivery]:
     return [
-        Delivery(MASTER, KEYS.secrets_for("master")),
-        Delivery(WORKER, KEYS.secrets_for("worker"), ("id_ed25519",)),
+        Delivery(MASTER, {"id_ed25519": KEYS.client_private, **MASTER_HOST}),
+        Delivery(WORKER, dict(WORKER_HOST), ("id_ed25519",)),
     ]
 
 
@@ -93,15 +106,18 @@ def test_the_master_alone_gets_the_client_key_on_stdin_and_nothing_is_logged(tmp
     master, worker = unpack(ssh.calls[1][1]), unpack(ssh.calls[2][1])
     assert master == {
         "id_ed25519": (KEYS.client_private, 0o600),
-        "ssh_host_ed25519_key": (KEYS.host_private, 0o600),
+        **{name: (data, 0o600) for name, data in MASTER_HOST.items()},
     }
-    assert worker == {"ssh_host_ed25519_key": (KEYS.host_private, 0o600)}
+    assert worker == {name: (data, 0o600) for name, data in WORKER_HOST.items()}
     # A worker of an older cluster held the client key: it is removed there.
     assert 'rm -f "$d/id_ed25519"' in ssh.calls[2][0][4] and "rm -f" not in ssh.calls[1][0][4]
     for argv, _ in ssh.calls:
         assert b"c2VjcmV0" not in " ".join(argv).encode() and b"aG9zdA" not in " ".join(argv).encode()
     assert "c2VjcmV0" not in caplog.text and "aG9zdA" not in caplog.text and "PRIVATE" not in caplog.text
-    assert "keys delivered to node-1 (i-0000000000000000b) over ssh: ssh_host_ed25519_key" in caplog.text
+    assert (
+        "keys delivered to node-1 (i-0000000000000000b) over ssh: ssh_host_ed25519_key, "
+        "ssh_host_ed25519_key-cert.pub, ssh_host_ed25519_key.pub" in caplog.text
+    )
 
 
 def test_a_host_key_other_than_the_pinned_one_is_refused_named_and_not_retried(tmp_path):
@@ -183,44 +199,78 @@ def test_pins_round_trip_and_openssh_finds_them(tmp_path):
     assert found.returncode == 0 and key in found.stdout
 
 
-def test_the_remote_command_moves_each_file_in_whole_0600(tmp_path):
+def test_the_remote_command_moves_each_file_in_whole_0600_the_waited_for_key_last(tmp_path):
     # Run the remote side locally (without sudo) against a scratch directory.
     target = tmp_path / "keys"
     target.mkdir()
     (target / "id_ed25519").write_bytes(b"a client key an older gaudi-cluster left on a worker\n")
     (target / "id_ed25519.pub").write_text("ssh-ed25519 AAAA client\n")
-    command = keys.install_command(["id_ed25519"]).replace("sudo ", "", 1)
+    command = keys.install_command(sorted(WORKER_HOST), ["id_ed25519"]).replace("sudo ", "", 1)
     command = command.replace(keys.NODE_KEYS_DIR, str(target))
-    payload = keys.bundle(KEYS.secrets_for("worker"))
-    subprocess.run(["bash", "-c", command], input=payload, check=True)
-    assert sorted(p.name for p in target.iterdir()) == ["id_ed25519.pub", "ssh_host_ed25519_key"]
-    assert (target / "ssh_host_ed25519_key").read_bytes() == KEYS.host_private
+    # The node's start script waits for the key: its certificate is in place before it.
+    moves = [word for word in command.split() if word.startswith('"$s/')]
+    assert moves[-1] == '"$s/ssh_host_ed25519_key"' and len(moves) == 3
+    subprocess.run(["bash", "-c", command], input=keys.bundle(WORKER_HOST), check=True)
+    assert sorted(p.name for p in target.iterdir()) == ["id_ed25519.pub", *sorted(WORKER_HOST)]
+    assert (target / "ssh_host_ed25519_key").read_bytes() == WORKER_HOST["ssh_host_ed25519_key"]
     assert (target / "ssh_host_ed25519_key").stat().st_mode & 0o777 == 0o600
 
 
 def test_reading_the_cluster_keys(tmp_path, cluster_keys):
     read = read_cluster_keys(cluster_keys)
-    assert pem_label(read.client_private) == pem_label(read.host_private) == "OPENSSH PRIVATE KEY"
+    assert pem_label(read.client_private) == "OPENSSH PRIVATE KEY"
+    assert read.ca_key == cluster_keys / "ca" / "host_ca"
     assert read.public_keys() == {
         "id_ed25519.pub": (cluster_keys / "id_ed25519.pub").read_text().strip(),
-        "ssh_host_ed25519_key.pub": (cluster_keys / "ssh_host_ed25519_key.pub").read_text().strip(),
+        "host_ca.pub": (cluster_keys / "ca" / "host_ca.pub").read_text().strip(),
     }
-    assert set(read.secrets_for("master")) == {"id_ed25519", "ssh_host_ed25519_key"}
-    assert set(read.secrets_for("worker")) == {"ssh_host_ed25519_key"}
+    assert read.public_keys(pin_ca=False) == {"id_ed25519.pub": read.client_public}
     assert "PRIVATE" not in repr(read)
     with pytest.raises(ConfigError, match=r"no cluster key in .*; fix: make keys"):
         read_cluster_keys(tmp_path)
+    # A key directory from before the CA: its one host key was every node's; not used, refused.
     old = tmp_path / "old"
     shutil.copytree(cluster_keys, old)
-    (old / "ssh_host_ed25519_key").unlink()
-    with pytest.raises(
-        ConfigError, match=r"no cluster host key in .* \(ssh_host_ed25519_key\); fix: make keys \(it adds"
-    ):
+    shutil.rmtree(old / "ca")
+    (old / "ssh_host_ed25519_key").write_text("one key for every node\n")
+    with pytest.raises(ConfigError, match=r"no host CA in .*/ca .*was every node's\); fix: make keys"):
         read_cluster_keys(old)
     loose = tmp_path / "loose"
     shutil.copytree(cluster_keys, loose)
-    (loose / "ssh_host_ed25519_key").chmod(0o644)
-    with pytest.raises(
-        ConfigError, match=r"cluster host key .* is readable by others \(mode 0644\); fix: chmod"
-    ):
+    (loose / "ca" / "host_ca").chmod(0o644)
+    with pytest.raises(ConfigError, match=r"host CA key .* is readable by others \(mode 0644\); fix: chmod"):
         read_cluster_keys(loose)
+
+
+def principals(cert: bytes, tmp_path) -> list[str]:
+    path = tmp_path / "cert.pub"
+    path.write_bytes(cert)
+    shown = subprocess.run(["ssh-keygen", "-L", "-f", str(path)], capture_output=True, text=True, check=True)
+    lines = shown.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("Principals:"))
+    end = next(i for i, line in enumerate(lines) if line.strip().startswith("Critical Options:"))
+    return [line.strip() for line in lines[start + 1 : end] if line.strip()]
+
+
+def test_every_node_gets_a_host_key_of_its_own_certified_for_its_name_and_address(tmp_path, cluster_keys):
+    read = read_cluster_keys(cluster_keys)
+    master = read.files_for("master", "master", ("master", "node-0", "10.0.0.10"))
+    workers = [read.files_for("worker", f"node-{i}", (f"node-{i}", f"10.0.0.{10 + i}")) for i in (1, 2)]
+    assert set(master) == {"id_ed25519", *WORKER_HOST} and master["id_ed25519"] == read.client_private
+    assert all(set(files) == set(WORKER_HOST) for files in workers)
+    host_keys = [files["ssh_host_ed25519_key"] for files in (master, *workers)]
+    assert len(set(host_keys)) == 3 and all(pem_label(key) == "OPENSSH PRIVATE KEY" for key in host_keys)
+    assert principals(master["ssh_host_ed25519_key-cert.pub"], tmp_path) == ["master", "node-0", "10.0.0.10"]
+    assert principals(workers[1]["ssh_host_ed25519_key-cert.pub"], tmp_path) == ["node-2", "10.0.0.12"]
+    # Signed by the cluster's CA, which the nodes pin (host_ca.pub in their user data).
+    (tmp_path / "c-cert.pub").write_bytes(workers[0]["ssh_host_ed25519_key-cert.pub"])
+    shown = subprocess.run(
+        ["ssh-keygen", "-L", "-f", str(tmp_path / "c-cert.pub")], capture_output=True, text=True, check=True
+    )
+    fingerprint = subprocess.run(
+        ["ssh-keygen", "-l", "-f", str(cluster_keys / "ca" / "host_ca.pub")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()[1]
+    assert "host certificate" in shown.stdout and f"Signing CA: ED25519 {fingerprint}" in shown.stdout

@@ -7,6 +7,9 @@ alone: the exact security-group rules, the tags, the Elastic IP, the user data, 
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import pytest
 from gaudi_cluster.aws.facts import TAG_CLUSTER, TAG_NODE, TAG_ROLE
 from gaudi_cluster.aws.keys import read_pins
@@ -26,6 +29,17 @@ from tests.aws.moto_views import (
     up_args,
     user_data,
 )
+
+
+def principals(cert: bytes, tmp: Path) -> list[str]:
+    """The principals of a host certificate, as ssh-keygen -L lists them."""
+    path = tmp / "cert-shown.pub"
+    path.write_bytes(cert)
+    shown = subprocess.run(["ssh-keygen", "-L", "-f", str(path)], capture_output=True, text=True, check=True)
+    lines = shown.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("Principals:"))
+    end = next(i for i, line in enumerate(lines) if line.strip().startswith("Critical Options:"))
+    return [line.strip() for line in lines[start + 1 : end] if line.strip()]
 
 
 def test_plan_prints_everything_and_creates_nothing(aws, run):
@@ -86,24 +100,35 @@ def test_up_status_reup_down_end_to_end(aws, run):
     assert f"master: ssh -i ~/.ssh/me.pem ubuntu@{address['PublicIp']}" in first.out
 
     # User data: the master holds with the worker as its peer; public keys only, no secret in it.
-    secrets = [aws.private_key.decode().splitlines()[1], aws.host_key.decode().splitlines()[1]]
+    ca_key = (aws.keys_dir / "ca" / "host_ca").read_text()
+    secrets = [aws.private_key.decode().splitlines()[1], ca_key.splitlines()[1]]
     master_boot, worker_boot = user_data(aws, master["InstanceId"]), user_data(aws, worker["InstanceId"])
     assert f"GAUDI_CLUSTER_PEERS={worker['PrivateIpAddress']}\n" in master_boot
     assert "GAUDI_CLUSTER_HOLD=1\n" in master_boot and "NODE_ROLE=master\n" in master_boot
     assert "GAUDI_CLUSTER_PEERS" not in worker_boot and "NODE_ROLE=worker\n" in worker_boot
     for text in (master_boot, worker_boot):
         assert "PRIVATE KEY" not in text and not any(secret in text for secret in secrets)
-        for public in ("id_ed25519.pub", "ssh_host_ed25519_key.pub"):
+        for public in ("id_ed25519.pub", "ca/host_ca.pub"):
             assert (aws.keys_dir / public).read_text().strip() in text
     assert "NODE_SECRETS='id_ed25519 ssh_host_ed25519_key'" in master_boot
     assert "NODE_SECRETS=ssh_host_ed25519_key\n" in worker_boot
 
-    # The keys went over ssh on stdin: master (Elastic IP) first with the client key and the host key,
-    # then the worker, through it, with the host key only.
-    assert [(host, unpack(stdin or b"")) for host, stdin in aws.sent_to()] == [
-        ("master", {"id_ed25519": aws.private_key, "ssh_host_ed25519_key": aws.host_key}),
-        ("node-1", {"ssh_host_ed25519_key": aws.host_key}),
+    # The keys went over ssh on stdin: master (Elastic IP) first with the client key and its own host
+    # key, then the worker, through it, with its own host key only; each certified by the cluster's CA
+    # for the node's name and the private IP the master dials.
+    sent = [(host, unpack(stdin or b"")) for host, stdin in aws.sent_to()]
+    host_files = {"ssh_host_ed25519_key", "ssh_host_ed25519_key.pub", "ssh_host_ed25519_key-cert.pub"}
+    assert [(host, set(files)) for host, files in sent] == [
+        ("master", {"id_ed25519", *host_files}),
+        ("node-1", host_files),
     ]
+    assert sent[0][1]["id_ed25519"] == aws.private_key
+    assert sent[0][1]["ssh_host_ed25519_key"] != sent[1][1]["ssh_host_ed25519_key"]
+    for (_, files), names in (
+        (sent[0], ["master", "node-0", master["PrivateIpAddress"]]),
+        (sent[1], ["node-1", worker["PrivateIpAddress"]]),
+    ):
+        assert principals(files["ssh_host_ed25519_key-cert.pub"], aws.tmp) == names
     assert all(not any(s in c.read_text() for s in secrets) for c in aws.ssh_log.glob("argv.*"))
     # Only to the host keys each instance printed on its console, pinned under its instance id.
     state = aws.tmp / "cache" / "gaudi-cluster" / "aws" / "gaudi"
@@ -194,25 +219,23 @@ SSM_UP = [
     "up", "--nodes", "2", "--placement-group", "none", "--key-delivery", "ssm",
     "--instance-profile", "gaudi-node", "--cluster-id", "solo",
 ]  # fmt: skip
-CLIENT_PARAMETER, HOST_PARAMETER = (
-    "/gaudi-cluster/solo/id_ed25519",
-    "/gaudi-cluster/solo/ssh_host_ed25519_key",
-)
+CLIENT_PARAMETER = "/gaudi-cluster/solo/id_ed25519"
 
 
 def test_ssm_delivery_deletes_the_securestrings_once_every_node_has_its_keys(aws, run):
     result = run(*SSM_UP, "--keys", str(aws.keys_dir))
     assert result.code == 0, result.err
-    for name in (CLIENT_PARAMETER, HOST_PARAMETER):
-        assert f"create SSM parameter {name} (SecureString:" in result.out
+    assert f"create SSM parameter {CLIENT_PARAMETER} (SecureString:" in result.out
+    assert "ssh_host_ed25519_key" not in result.out  # no host key for all: each node makes its own
     assert aws.client("ssm").describe_parameters()["Parameters"] == []
     master, worker = instances(aws, "solo")
     master_boot, worker_boot = user_data(aws, master["InstanceId"]), user_data(aws, worker["InstanceId"])
     # Each role reads only its own files: the client key is the master's alone.
     assert f"NODE_PARAMETER_id_ed25519={CLIENT_PARAMETER}\n" in master_boot
-    assert f"NODE_PARAMETER_ssh_host_ed25519_key={HOST_PARAMETER}\n" in master_boot
-    assert "id_ed25519=" not in worker_boot.replace("ssh_host_ed25519", "")
-    assert f"NODE_PARAMETER_ssh_host_ed25519_key={HOST_PARAMETER}\n" in worker_boot
+    assert "NODE_PARAMETER_id_ed25519" not in worker_boot and "NODE_SECRETS=''\n" in worker_boot
+    for text in (master_boot, worker_boot):
+        assert "ssh_host_ed25519_key" not in text
+        assert "host_ca.pub" not in text  # no certificate to check: the nodes' own keys at first contact
     assert aws.private_key.decode().splitlines()[1] not in master_boot + worker_boot
     assert master["IamInstanceProfile"]["Arn"].endswith("/gaudi-node")
     assert list(aws.ssh_log.iterdir()) == []
@@ -241,10 +264,9 @@ def test_the_securestrings_stay_while_a_node_lacks_its_keys_and_go_once_it_has_t
     assert f"the cluster is up but node 1 ({worker}) has not said on its console that it has its keys" in line
     assert "so the SSM parameters stay (tagged: down deletes them); fix: " in line
     ssm = aws.client("ssm")
-    for name, value in ((CLIENT_PARAMETER, aws.private_key), (HOST_PARAMETER, aws.host_key)):
-        stored = ssm.get_parameter(Name=name, WithDecryption=True)["Parameter"]
-        assert stored["Type"] == "SecureString" and stored["Value"].encode() == value
-    assert len(left_over(aws, "solo")["parameters"]) == 2
+    stored = ssm.get_parameter(Name=CLIENT_PARAMETER, WithDecryption=True)["Parameter"]
+    assert stored["Type"] == "SecureString" and stored["Value"].encode() == aws.private_key
+    assert len(left_over(aws, "solo")["parameters"]) == 1
 
     aws.console("solo-node-1", booted_console(key))
     finished = run(*SSM_UP, "--keys", str(aws.keys_dir))
@@ -277,9 +299,11 @@ def test_up_refuses_a_node_that_answers_with_another_host_key_and_names_it(aws, 
     )
     sent = dict(aws.sent_to())
     assert sent["node-1"] is None  # refused before ssh read its standard input
-    assert unpack(sent["master"] or b"") == {
-        "id_ed25519": aws.private_key,
-        "ssh_host_ed25519_key": aws.host_key,
+    assert set(unpack(sent["master"] or b"")) == {
+        "id_ed25519",
+        "ssh_host_ed25519_key",
+        "ssh_host_ed25519_key.pub",
+        "ssh_host_ed25519_key-cert.pub",
     }
 
 

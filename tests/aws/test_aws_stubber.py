@@ -6,6 +6,7 @@ call, the order in which `down` deletes, the SecureStrings and their deletion, t
 from __future__ import annotations
 
 import base64
+from pathlib import Path
 
 import botocore.session
 import pytest
@@ -378,40 +379,27 @@ def test_each_secret_file_goes_to_parameter_store_as_a_tagged_securestring(stubs
     keys = ClusterKeys(
         client_private=b"stand-in for the client key AAAA\n",
         client_public="ssh-ed25519 AAAA",
-        host_private=b"stand-in for the host key BBBB\n",
-        host_public="ssh-ed25519 BBBB",
+        ca_public="ssh-ed25519 CCCC",
+        ca_key=Path("/nowhere/ca/host_ca"),
     )
-    names = {
-        "id_ed25519": "/gaudi-cluster/demo/id_ed25519",
-        "ssh_host_ed25519_key": "/gaudi-cluster/demo/ssh_host_ed25519_key",
+    # The client key alone: no host key goes to Parameter Store (each node's container makes its own).
+    names = {"id_ed25519": "/gaudi-cluster/demo/id_ed25519"}
+    value = keys.client_private.decode()
+    stored = {
+        "Name": names["id_ed25519"],
+        "Value": value,
+        "Type": "SecureString",
+        "Description": "gaudi-cluster: the cluster's id_ed25519, until every node has it",
+        "Tags": [{"Key": TAG_CLUSTER, "Value": "demo"}],
     }
-    values = {"id_ed25519": keys.client_private.decode(), "ssh_host_ed25519_key": keys.host_private.decode()}
-
-    def stored(file: str) -> dict[str, object]:
-        return {
-            "Name": names[file],
-            "Value": values[file],
-            "Type": "SecureString",
-            "Description": f"gaudi-cluster: the cluster's {file}, until every node has it",
-            "Tags": [{"Key": TAG_CLUSTER, "Value": "demo"}],
-        }
-
-    stub["ssm"].add_response("put_parameter", {"Version": 1}, stored("id_ed25519"))
     # One left by an up that never finished: overwritten (it carries its tag already).
     stub["ssm"].add_client_error(
-        "put_parameter",
-        service_error_code="ParameterAlreadyExists",
-        expected_params=stored("ssh_host_ed25519_key"),
+        "put_parameter", service_error_code="ParameterAlreadyExists", expected_params=stored
     )
     stub["ssm"].add_response(
         "put_parameter",
         {"Version": 2},
-        {
-            "Name": names["ssh_host_ed25519_key"],
-            "Value": values["ssh_host_ed25519_key"],
-            "Type": "SecureString",
-            "Overwrite": True,
-        },
+        {"Name": names["id_ed25519"], "Value": value, "Type": "SecureString", "Overwrite": True},
     )
     journal = Resources()
     put_key_parameters(cloud.ssm, names, keys, "demo", journal)

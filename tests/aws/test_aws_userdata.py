@@ -75,33 +75,32 @@ def test_user_data_installs_run_node_verbatim_and_starts_it_through_a_unit():
     assert 'exec ./run-node.sh "$NODE_ROLE"' in START_NODE
 
 
-PARAMETERS = {
-    "id_ed25519": "/gaudi-cluster/demo/id_ed25519",
-    "ssh_host_ed25519_key": "/gaudi-cluster/demo/ssh_host_ed25519_key",
-}
+PARAMETERS = {"id_ed25519": "/gaudi-cluster/demo/id_ed25519"}
 
 
 def test_ssm_delivery_reads_the_parameter_names_never_the_values():
-    script = render_user_data(boot(key_parameters=PARAMETERS), RUN_NODE)
+    script = render_user_data(boot(key_parameters=PARAMETERS, key_delivery="ssm"), RUN_NODE)
     env = heredoc(script, "/opt/gaudi-cluster/node.env")
     assert "NODE_PARAMETER_id_ed25519=/gaudi-cluster/demo/id_ed25519\n" in env
-    assert "NODE_PARAMETER_ssh_host_ed25519_key=/gaudi-cluster/demo/ssh_host_ed25519_key\n" in env
+    assert "ssh_host_ed25519_key" not in env  # no host key through SSM: each container makes its own
     assert "--with-decryption" in START_NODE
 
 
-def test_only_the_master_waits_for_the_client_key():
+def test_only_the_master_waits_for_the_client_key_and_every_node_for_its_own_host_key():
     assert node_environment(boot())["NODE_SECRETS"] == "id_ed25519 ssh_host_ed25519_key"
-    worker = node_environment(boot(index=1, role="worker", key_parameters={"ssh_host_ed25519_key": "/p"}))
-    assert worker["NODE_SECRETS"] == "ssh_host_ed25519_key"
-    assert "NODE_PARAMETER_id_ed25519" not in worker
+    assert node_environment(boot(index=1, role="worker"))["NODE_SECRETS"] == "ssh_host_ed25519_key"
+    ssm = node_environment(boot(key_parameters=PARAMETERS, key_delivery="ssm"))
+    assert ssm["NODE_SECRETS"] == "id_ed25519"
+    worker = node_environment(boot(index=1, role="worker", key_delivery="ssm"))
+    assert worker["NODE_SECRETS"] == "" and "NODE_PARAMETER_id_ed25519" not in worker
     with pytest.raises(ConfigError, match=r"node 1 \(worker\) must not read id_ed25519"):
-        node_environment(boot(index=1, role="worker", key_parameters=PARAMETERS))
+        node_environment(boot(index=1, role="worker", key_parameters=PARAMETERS, key_delivery="ssm"))
 
 
 def test_the_public_keys_are_written_at_boot_and_the_host_keys_printed_on_the_console(cluster_keys):
     publics = {
-        name: (cluster_keys / name).read_text().strip()
-        for name in ("id_ed25519.pub", "ssh_host_ed25519_key.pub")
+        "id_ed25519.pub": (cluster_keys / "id_ed25519.pub").read_text().strip(),
+        "host_ca.pub": (cluster_keys / "ca" / "host_ca.pub").read_text().strip(),
     }
     script = render_user_data(boot(public_keys=publics), RUN_NODE)
     for name, line in publics.items():
@@ -118,15 +117,17 @@ def test_the_public_keys_are_written_at_boot_and_the_host_keys_printed_on_the_co
 
 def test_user_data_holds_no_secret(cluster_keys):
     publics = {
-        name: (cluster_keys / name).read_text() for name in ("id_ed25519.pub", "ssh_host_ed25519_key.pub")
+        "id_ed25519.pub": (cluster_keys / "id_ed25519.pub").read_text(),
+        "host_ca.pub": (cluster_keys / "ca" / "host_ca.pub").read_text(),
     }
     script = render_user_data(
-        boot(peers=("10.0.0.11",), key_parameters=PARAMETERS, public_keys=publics), RUN_NODE
+        boot(peers=("10.0.0.11",), key_parameters=PARAMETERS, public_keys=publics, key_delivery="ssm"),
+        RUN_NODE,
     )
     everything = script + base64.b64decode(heredoc(script, "/opt/gaudi-cluster/run-node.sh")).decode()
     assert "PRIVATE KEY" not in everything
-    for name in ("id_ed25519", "ssh_host_ed25519_key"):
-        secret_line = (cluster_keys / name).read_text().splitlines()[1]
+    for path in ("id_ed25519", "ca/host_ca"):
+        secret_line = (cluster_keys / path).read_text().splitlines()[1]
         assert secret_line not in everything
         assert secret_line not in base64.b64encode(script.encode()).decode()
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from gaudi_cluster_dev.localcluster import LocalCluster
+from gaudi_cluster_dev.localcluster import WORKER_ALIAS, LocalCluster, node_keys
 
 from tests.support.mounts import user_mounts
 
@@ -391,10 +391,14 @@ def test_mpirun_with_tree_spawn_trains_across_three_containers(make_cluster, clu
     (workers hold no client key); asked for tree spawn, a worker's daemon starts the next worker's over
     ssh with the same arguments, so the config is staged on every node. Radix 1 makes the tree a chain:
     master -> first worker -> second worker."""
-    # Every node mounts make keys' master/ part: the client key, a host key certified for any name.
+    # Every node holds the client key (a worker's daemon logs in to the next worker), each node its own
+    # host key: the master make keys' master/, each worker its nodes/<name>/ plus the client key.
     keys = tmp_path / "keys-everywhere"
-    shutil.copytree(cluster_keys / "master", keys)
     cluster = make_cluster(workers=2)
+    shutil.copytree(cluster_keys / "master", keys / "master")
+    for name in cluster.worker_names:
+        shutil.copytree(node_keys(cluster_keys, name, WORKER_ALIAS), keys / "nodes" / name)
+        shutil.copy2(cluster_keys / "master" / "id_ed25519", keys / "nodes" / name)
     cluster.key_dir = keys
     cluster.start_workers()
     cluster.wait_healthy(cluster.worker_names)

@@ -226,13 +226,16 @@ def test_sshd_effective_config_is_key_only(host):
     assert config["disableforwarding"] == "yes"  # no tunnel from one node into the others
 
 
-def test_the_cluster_key_is_restricted_and_the_host_key_is_the_clusters(host, cluster_keys):
+def test_the_cluster_key_is_restricted_and_the_host_key_is_the_nodes_own(host, worker, cluster_keys):
     authorized = host.file("/root/.ssh/authorized_keys").content_string.splitlines()
     assert authorized and all(line.startswith("restrict ssh-") for line in authorized), authorized
+    own = cluster_keys / "nodes" / worker
     served = host.file("/etc/ssh/ssh_host_ed25519_key.pub").content_string.split()[:2]
-    assert served == (cluster_keys / "master" / "ssh_host_ed25519_key.pub").read_text().split()[:2]
+    assert served == (own / "ssh_host_ed25519_key.pub").read_text().split()[:2]
+    others = [p for p in cluster_keys.rglob("ssh_host_ed25519_key.pub") if p.parent != own]
+    assert served not in [p.read_text().split()[:2] for p in others]  # no other node's key
     # The node's own host key, served with its certificate; clients here pin the CA, not a key.
-    cert = (cluster_keys / "master" / "ssh_host_ed25519_key-cert.pub").read_text()
+    cert = (own / "ssh_host_ed25519_key-cert.pub").read_text()
     assert host.file("/etc/ssh/ssh_host_ed25519_key-cert.pub").content_string == cert
     assert (
         "HostCertificate /etc/ssh/ssh_host_ed25519_key-cert.pub"
@@ -261,7 +264,7 @@ def test_ssh_client_config(host):
 def test_installed_key_modes(host):
     assert host.file("/root/.ssh").mode == 0o700
     assert host.file("/root/.ssh/authorized_keys").mode == 0o600
-    assert host.file("/root/.ssh/id_ed25519").mode == 0o600
+    assert not host.file("/root/.ssh/id_ed25519").exists  # a worker holds no client key
     assert host.file("/etc/ssh/ssh_host_ed25519_key").mode == 0o600
     # one host key, named in the sshd drop-in (RSA keygen costs ~0.8 s of CPU per node start)
     assert not host.file("/etc/ssh/ssh_host_rsa_key").exists

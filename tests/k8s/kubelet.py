@@ -1,6 +1,6 @@
 """What the kubelet and the controllers make of a pod spec, imitated with files and `docker run` flags:
 Secret and projected volumes laid out behind `..data` symlinks, the MPI Operator's Secret, our host
-identity Secret, and a container's security settings as Docker's options."""
+key Secrets, and a container's security settings as Docker's options."""
 
 from __future__ import annotations
 
@@ -8,14 +8,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.support.keys import pem_label
 
 # Files of a Secret, by key.
 SecretData = dict[str, bytes]
-HOST_KEY_SECRET = "gaudi-cluster-host-key"
-HOST_IDENTITY = ("ssh_host_ed25519_key", "ssh_host_ed25519_key.pub")
 # The MPI Operator's Secret keys, and the files it mounts them as at sshAuthMountPath (every pod).
 OPERATOR_ITEMS = {
     "id_rsa": "ssh-privatekey",
@@ -76,18 +72,6 @@ def volume_mounts(container: dict[str, Any], directories: dict[str, Path]) -> li
         for mount in container.get("volumeMounts", [])
         if mount["name"] in directories
     ]
-
-
-def host_identity(cluster_keys: Path) -> dict[str, bytes]:
-    """The Secret gaudi-cluster-host-key as docs/kubernetes.md makes it from `make keys`."""
-    missing = [name for name in HOST_IDENTITY if not (cluster_keys / name).is_file()]
-    if missing:
-        pytest.fail(
-            f"make-keys.sh made no {', '.join(missing)} (the cluster's host identity); "
-            "fix: scripts/make-keys.sh must make the host key pair next to id_ed25519",
-            pytrace=False,
-        )
-    return {name: (cluster_keys / name).read_bytes() for name in HOST_IDENTITY}
 
 
 def key_blob(line: bytes | str) -> str:

@@ -6,14 +6,14 @@ like a headless Service). They get the args, environment and mount paths of the 
 plus what the controllers add: for the MPI Operator its hostfile, its variables and its ssh Secret (an
 ECDSA P-521 key in PEM form named id_rsa, mode 0644, behind the `..data` symlinks of a Secret
 volume, which no pod's sshd may admit); for the Indexed Job the completion index. Our Secrets are made
-as docs/kubernetes.md makes them (the MPIJob's per-worker host keys by scripts/k8s-host-keys.sh), and
+as docs/kubernetes.md makes them (the per-pod host keys by scripts/k8s-host-keys.sh), and
 our key directories are built from the manifests' own volumes: the MPIJob launcher's projected volume,
 each MPIJob worker's and each Indexed Job pod's `keys` init container run before it with its hostname.
 Every container gets the manifest's securityContext as Docker options (no-new-privileges,
 capabilities, sysctls; Docker's default seccomp profile). The workers start 15 s after the master, so
 their names do not resolve yet when it starts. The job must train on every node; no worker may hold
-the client key; an Indexed Job pod's sshd answers with the cluster host key, an MPIJob worker's with
-its own, and a worker at another worker's name with its own certified key is refused by host key.
+the client key; every pod's sshd (an Indexed Job pod's, an MPIJob worker's) answers with its own host
+key, and a worker at another worker's name with its own certified key is refused by host key.
 
 What is not imitated: scheduling, readiness gates (WaitForWorkersReady would start the launcher only
 after the workers; starting it first is the harder case), and Gaudi: slots are 1 per node on CPU.
@@ -34,10 +34,7 @@ from typing import Any
 import pytest
 
 from tests.k8s.kubelet import (
-    HOST_IDENTITY,
-    HOST_KEY_SECRET,
     OPERATOR_ITEMS,
-    host_identity,
     key_blob,
     operator_secret,
     projected_volume,
@@ -318,10 +315,10 @@ class MpiJob:
         )
 
 
-def docker_free_keys(keys: Path, job: str, workers: int) -> dict[str, bytes]:
+def docker_free_keys(keys: Path, job: str, workers: int, *flags: str) -> dict[str, bytes]:
     """The Secret <job>-host-keys's files, made as docs/kubernetes.md makes them (on this machine)."""
     subprocess.run(
-        [str(ROOT / "scripts" / "k8s-host-keys.sh"), job, str(workers), NAMESPACE, str(keys)],
+        [str(ROOT / "scripts" / "k8s-host-keys.sh"), *flags, job, str(workers), NAMESPACE, str(keys)],
         check=True,
         capture_output=True,
     )
@@ -434,7 +431,7 @@ def test_mpijob_master_refuses_a_worker_at_another_workers_name_with_its_own_cer
     assert pods.running(real)
 
 
-def test_indexed_job_trains_on_every_index_found_through_the_service(pods, tmp_path, cluster_keys):
+def test_indexed_job_trains_on_every_index_found_through_the_service(pods, tmp_path):
     docs = kustomize(ROOT / "k8s" / "indexed-job")
     job_doc, service = only(docs, "Job"), only(docs, "Service")
     job, subdomain = job_doc["metadata"]["name"], service["metadata"]["name"]
@@ -446,13 +443,17 @@ def test_indexed_job_trains_on_every_index_found_through_the_service(pods, tmp_p
     assert secret_env(container, {HF_TOKEN_SECRET: {"HF_TOKEN": TOKEN}}) == {}  # no pod's variable
     completions = job_doc["spec"]["completions"]
     assert env["GAUDI_CLUSTER_NODES"] == str(completions) and env["GAUDI_CLUSTER_PEERS_DNS"] == subdomain
-    client_pair = {name: (cluster_keys / name).read_bytes() for name in ("id_ed25519", "id_ed25519.pub")}
-    secrets = {"gaudi-cluster-keys": client_pair, HOST_KEY_SECRET: host_identity(cluster_keys)}
+    keys = tmp_path / "keys"
+    host_keys = docker_free_keys(keys, job, completions, "--indexed-job")
+    client_pair = {name: (keys / name).read_bytes() for name in ("id_ed25519", "id_ed25519.pub")}
+    secrets = {"gaudi-cluster-keys": client_pair, f"{job}-host-keys": host_keys}
     client = volume_of(pod_spec, "client-key")["secret"]
     # The pod's Secret volumes, once for every pod (the kubelet makes them per pod; they are read-only).
-    node_keys = volume_of(pod_spec, "node-keys")["projected"]
+    node_keys = volume_of(pod_spec, "node-keys")["secret"]
     shared = {
-        "node-keys": projected_volume(tmp_path / "node-keys", node_keys, secrets),
+        "node-keys": secret_volume(
+            tmp_path / "node-keys", secrets[node_keys["secretName"]], node_keys["defaultMode"]
+        ),
         "client-key": secret_volume(
             tmp_path / "client-key",
             {item["path"]: secrets[client["secretName"]][item["key"]] for item in client["items"]},
@@ -475,7 +476,7 @@ def test_indexed_job_trains_on_every_index_found_through_the_service(pods, tmp_p
         ssh_dir.mkdir()
         master_env.mkdir()
         volumes = {**shared, "ssh-dir": ssh_dir, "master-env": master_env}
-        pods.init(pod_spec, {"JOB_COMPLETION_INDEX": str(index)}, volumes)
+        pods.init(pod_spec, {"JOB_COMPLETION_INDEX": str(index)}, volumes, hostname)
         return pods.run(
             hostname,
             aliases,
@@ -528,7 +529,8 @@ def test_indexed_job_trains_on_every_index_found_through_the_service(pods, tmp_p
     assert {i for i, names in held.items() if "id_ed25519" in names} == {0}, held
     tokens = {i for i in range(completions) if any((tmp_path / f"master-env-{i}").iterdir())}
     assert tokens == {0}, tokens
-    # Every worker's sshd presents the cluster host key (the master has exited: asked from a worker).
-    pinned = key_blob(secrets[HOST_KEY_SECRET][HOST_IDENTITY[1]])
-    for index in range(1, completions):
-        assert pods.host_key_of(workers[0], f"{job}-{index}.{subdomain}") == pinned, index
+    # Every worker's sshd presents its own host key (the master has exited: asked from a worker).
+    served = [pods.host_key_of(workers[0], f"{job}-{index}.{subdomain}") for index in range(1, completions)]
+    for index, key in enumerate(served, start=1):
+        assert key == key_blob(host_keys[f"{job}-{index}.ssh_host_ed25519_key.pub"]), index
+    assert len(set(served)) == len(served)

@@ -1,9 +1,9 @@
 """What k8s/ does against a hostile pod on the cluster network (issue 23), checked offline on the rendered
 variants: no service-account token, the runtime's default seccomp profile, no privilege escalation, a
 NetworkPolicy that admits only the job's own pods to the ports the job listens on, and key directories
-that give the client key to the master alone (workers: the public key and the host identity). The init
-container that assembles the Indexed Job's key directory is run here for real, with /bin/sh, on files
-laid out as the kubelet lays out a projected volume.
+that give the client key to the master alone (workers: the public key and their own host key), and no
+two pods the same host key. The init containers that assemble the key directories are run here for
+real, with /bin/sh, on files laid out as the kubelet lays out a Secret volume.
 """
 
 from __future__ import annotations
@@ -40,9 +40,7 @@ from tests.k8s.rendered import (
 from tests.support.keys import pem_label
 from tests.support.kubernetes import kustomize
 
-HOST_KEY_SECRET = "gaudi-cluster-host-key"
 CLIENT_KEY_SECRET = "gaudi-cluster-keys"
-HOST_IDENTITY = {"ssh_host_ed25519_key", "ssh_host_ed25519_key.pub"}
 KEY_DIR = "/run/secrets/gaudi-cluster"
 # The label each controller puts on every pod of a job: the Job controller's, the MPI Operator's.
 JOB_LABEL = {INDEXED_JOB: "batch.kubernetes.io/job-name", MPIJOB: "training.kubeflow.org/job-name"}
@@ -211,14 +209,14 @@ def test_indexed_job_client_key_reaches_only_the_init_container(rendered):
     assert is_owner_only(client["defaultMode"])
     users = [c["name"] for c in containers_of(pod) if "client-key" in mounts_of(c)]
     assert users == ["keys"]
-    # What every pod may read: the public key and the host identity, nothing from which a login follows.
-    projected = volume(pod, "node-keys")["projected"]
-    assert is_owner_only(projected["defaultMode"])
-    items = {
-        source["secret"]["name"]: {item["path"] for item in source["secret"]["items"]}
-        for source in projected["sources"]
-    }
-    assert items == {CLIENT_KEY_SECRET: {"id_ed25519.pub"}, HOST_KEY_SECRET: HOST_IDENTITY}
+    # Every pod's host key: the one Secret of a pod template, in the init container alone, which copies
+    # its own pod's; no Secret holds one host key for every pod.
+    node_keys = volume(pod, "node-keys")["secret"]
+    assert node_keys["secretName"] == f"{job['metadata']['name']}-host-keys"
+    assert is_owner_only(node_keys["defaultMode"]) and "items" not in node_keys
+    assert [c["name"] for c in containers_of(pod) if "node-keys" in mounts_of(c)] == ["keys"]
+    secrets = {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    assert "gaudi-cluster-host-key" not in secrets and not [v for v in pod["volumes"] if "projected" in v]
 
 
 INIT_VOLUMES = ("node-keys", "client-key", "ssh-dir", "hf-token", "master-env")
@@ -245,11 +243,14 @@ def test_indexed_job_hf_token_reaches_only_the_init_container(rendered):
     assert volume(pod, "master-env")["emptyDir"]["medium"] == "Memory"
 
 
-@pytest.mark.parametrize("token", [True, False], ids=["token", "no-token-secret"])
-@pytest.mark.parametrize(("index", "is_master"), [("0", True), ("1", False), ("10", False), (None, False)])
-def test_the_key_init_container_gives_the_client_key_and_token_to_index_0_only(
-    rendered, tmp_path, index, is_master, token
-):
+@pytest.fixture(scope="module")
+def indexed_host_keys(rendered, tmp_path_factory) -> dict[str, bytes]:
+    """The Secret <Job name>-host-keys of the shipped Indexed Job, for 11 indexes (index 10 below)."""
+    job, _ = indexed(rendered)
+    return host_keys_secret(tmp_path_factory.mktemp("indexed"), job["metadata"]["name"], 11, indexed=True)
+
+
+def run_indexed_keys_init(rendered, tmp_path, host_keys, hostname: str, index: str | None, token: bool):
     job, _ = indexed(rendered)
     pod = job["spec"]["template"]["spec"]
     init = keys_init_container(pod)
@@ -257,10 +258,8 @@ def test_the_key_init_container_gives_the_client_key_and_token_to_index_0_only(
     script, zero, *paths = init["args"]
     mounts = mounts_of(init)
     assert paths == [mounts[name]["mountPath"] for name in INIT_VOLUMES]
-    # Stand-ins: what the script does with the bytes does not depend on them being keys.
-    public = {"id_ed25519.pub": b"ssh-ed25519 AAAA\n", "ssh_host_ed25519_key.pub": b"ssh-ed25519 BBBB\n"}
     node_keys = secret_volume(
-        tmp_path / "node-keys", {**public, "ssh_host_ed25519_key": b"host secret\n"}, 0o400
+        tmp_path / "node-keys", {k: v for k, v in host_keys.items() if k != "..ca"}, 0o400
     )
     client = secret_volume(tmp_path / "client-key", {"id_ed25519": b"client secret\n"}, 0o400)
     # An optional Secret that does not exist is an empty volume.
@@ -268,30 +267,40 @@ def test_the_key_init_container_gives_the_client_key_and_token_to_index_0_only(
     out, master_env = tmp_path / "ssh-dir", tmp_path / "master-env"
     out.mkdir()
     master_env.mkdir()
-    env = {"PATH": os.environ["PATH"], **({"JOB_COMPLETION_INDEX": index} if index is not None else {})}
+    # The pod's hostname, as uname -n reports it in the pod's UTS namespace.
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "uname").write_text(f"#!/bin/sh\necho {hostname}\n")
+    (fake / "uname").chmod(0o755)
+    env = {
+        "PATH": f"{fake}:{os.environ['PATH']}",
+        **({"JOB_COMPLETION_INDEX": index} if index is not None else {}),
+    }
+    volumes = [str(path) for path in (node_keys, client, out, hf_token, master_env)]
     done = subprocess.run(
-        [
-            "/bin/sh",
-            "-ec",
-            script,
-            zero,
-            str(node_keys),
-            str(client),
-            str(out),
-            str(hf_token),
-            str(master_env),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
+        ["/bin/sh", "-ec", script, zero, *volumes], env=env, capture_output=True, text=True, check=False
+    )
+    return done, out, master_env
+
+
+@pytest.mark.parametrize("token", [True, False], ids=["token", "no-token-secret"])
+@pytest.mark.parametrize(("index", "is_master"), [("0", True), ("1", False), ("10", False), (None, False)])
+def test_the_key_init_container_gives_the_client_key_and_token_to_index_0_only(
+    rendered, tmp_path, indexed_host_keys, index, is_master, token
+):
+    job = indexed(rendered)[0]["metadata"]["name"]
+    hostname = f"{job}-{index or 1}"
+    done, out, master_env = run_indexed_keys_init(
+        rendered, tmp_path, indexed_host_keys, hostname, index, token
     )
     assert done.returncode == 0, done.stderr
-    expected = {"id_ed25519.pub", *HOST_IDENTITY} | ({"id_ed25519"} if is_master else set())
+    expected = {"id_ed25519.pub", "host_ca.pub", *WORKER_FILES} | ({"id_ed25519"} if is_master else set())
     assert {p.name for p in out.iterdir()} == expected
     for made in out.iterdir():
         assert made.is_file() and not made.is_symlink() and made.stat().st_mode & 0o777 == 0o400, made
-    assert (out / "ssh_host_ed25519_key").read_bytes() == b"host secret\n"
+    # Its own host key, no other pod's.
+    for file in WORKER_FILES:
+        assert (out / file).read_bytes() == indexed_host_keys[f"{hostname}.{file}"]
     # The token: a plain file on the master's pod alone, for the entrypoint (GAUDI_CLUSTER_MASTER_ENV_DIR).
     assert {p.name for p in master_env.iterdir()} == ({"HF_TOKEN"} if is_master and token else set())
     if is_master and token:
@@ -300,8 +309,40 @@ def test_the_key_init_container_gives_the_client_key_and_token_to_index_0_only(
             not made.is_symlink() and made.read_bytes() == b"hf_secret" and made.stat().st_mode & 0o077 == 0
         )
     # The log names files, never their content.
-    assert "secret" not in done.stdout + done.stderr
+    assert "secret" not in done.stdout + done.stderr and "PRIVATE KEY" not in done.stdout + done.stderr
     assert re.search(rf"index {index if index is not None else '[?]'}:", done.stdout), done.stdout
+
+
+@pytest.mark.parametrize("index", [0, 1, 2])
+def test_each_indexed_job_pod_gets_its_own_key_certified_for_its_names_and_the_service(
+    rendered, tmp_path, indexed_host_keys, index
+):
+    """The master finds the pods at the Service's addresses and checks each against the Service's name
+    (HostKeyAlias): every pod's own certificate names its pod names and the Service, none another's."""
+    job_doc, service = indexed(rendered)
+    job, subdomain = job_doc["metadata"]["name"], service["metadata"]["name"]
+    assert env_of(node_container(job_doc["spec"]["template"]["spec"]))["GAUDI_CLUSTER_PEERS_DNS"] == subdomain
+    pod = f"{job}-{index}"
+    done, out, _ = run_indexed_keys_init(rendered, tmp_path, indexed_host_keys, pod, str(index), False)
+    assert done.returncode == 0, done.stderr
+    others = {indexed_host_keys[f"{job}-{i}.ssh_host_ed25519_key"] for i in range(11) if i != index}
+    assert (out / "ssh_host_ed25519_key").read_bytes() not in others
+    assert len(others) == 10
+    fqdn = f"{pod}.{subdomain}.default.svc"
+    names = principals((out / "ssh_host_ed25519_key-cert.pub").read_bytes(), tmp_path)
+    assert names == [pod, f"{pod}.{subdomain}", fqdn, f"{fqdn}.cluster.local", subdomain]
+
+
+def test_an_indexed_job_pod_without_a_key_for_its_name_does_not_start(rendered, tmp_path, indexed_host_keys):
+    job = indexed(rendered)[0]["metadata"]["name"]
+    # An index beyond the Secret's (completions raised without making the Secret again).
+    done, out, _ = run_indexed_keys_init(rendered, tmp_path, indexed_host_keys, f"{job}-11", "11", False)
+    assert done.returncode == 2
+    assert (
+        f"no host key for {job}-11" in done.stderr
+        and "fix: scripts/k8s-host-keys.sh --indexed-job" in done.stderr
+    )
+    assert list(out.iterdir()) == []
 
 
 # --- keys: MPIJob ----------------------------------------------------------------------------------
@@ -315,12 +356,15 @@ def projected_items(pod_spec: dict[str, Any]) -> dict[str, set[tuple[str, str]]]
 WORKER_FILES = {"ssh_host_ed25519_key", "ssh_host_ed25519_key.pub", "ssh_host_ed25519_key-cert.pub"}
 
 
-def host_keys_secret(tmp_path, job: str, workers: int, namespace: str = "default") -> dict[str, bytes]:
+def host_keys_secret(
+    tmp_path, job: str, workers: int, namespace: str = "default", indexed: bool = False
+) -> dict[str, bytes]:
     """The Secret <job>-host-keys as docs/kubernetes.md makes it: every file scripts/k8s-host-keys.sh
     lays out (real keys and certificates of a fresh host CA), by file name."""
     keys = tmp_path / "keys"
+    flags = ["--indexed-job"] if indexed else []
     subprocess.run(
-        [str(ROOT / "scripts" / "k8s-host-keys.sh"), job, str(workers), namespace, str(keys)],
+        [str(ROOT / "scripts" / "k8s-host-keys.sh"), *flags, job, str(workers), namespace, str(keys)],
         check=True,
         capture_output=True,
     )
@@ -503,8 +547,15 @@ def test_docs_create_the_secrets_the_pods_read(rendered, tmp_path):
     workers = replica(rendered, "Worker")["replicas"]
     # The documented script, for the shipped MPIJob's name and worker count; its directory's files.
     assert f"scripts/k8s-host-keys.sh {job} {workers} default\n" in docs
-    host_keys = host_keys_secret(tmp_path, job, workers)
+    host_keys = host_keys_secret(tmp_path / "mpijob", job, workers)
     del host_keys["..ca"]
+    # The same for the shipped Indexed Job (every index: the master's sshd too).
+    indexed_job = indexed(rendered)[0]
+    name, completions = indexed_job["metadata"]["name"], indexed_job["spec"]["completions"]
+    assert f"scripts/k8s-host-keys.sh --indexed-job {name} {completions} default\n" in docs
+    indexed_keys = host_keys_secret(tmp_path / "indexed", name, completions, indexed=True)
+    del indexed_keys["..ca"]
+    directories = {f".keys/k8s/{job}": set(host_keys), f".keys/k8s/{name}": set(indexed_keys)}
     command = r"kubectl create secret generic (\S+)((?:\s+\\?\s*--from-file=\S+)+)"
     commands = {
         # --from-file=PATH names the key after the file, --from-file=KEY=PATH names it KEY, and
@@ -512,17 +563,13 @@ def test_docs_create_the_secrets_the_pods_read(rendered, tmp_path):
         name: {
             key
             for f in re.findall(r"--from-file=(\S+)", files)
-            for key in (
-                set(host_keys)
-                if f == f".keys/k8s/{job}"
-                else {f.split("=")[0] if "=" in f else PurePosixPath(f).name}
-            )
+            for key in directories.get(f, {f.split("=")[0] if "=" in f else PurePosixPath(f).name})
         }
         for name, files in re.findall(command, docs)
     }
     assert commands == {
         CLIENT_KEY_SECRET: {"id_ed25519", "id_ed25519.pub"},
-        HOST_KEY_SECRET: HOST_IDENTITY,
+        f"{name}-host-keys": set(indexed_keys),
         f"{job}-host-keys": set(host_keys),
         "gaudi-cluster-hf-token": {"HF_TOKEN"},
     }

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from gaudi_cluster_dev.localcluster import node_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCK = ROOT / "requirements" / "cpu-image.txt"
@@ -91,13 +92,15 @@ class Containers:
         name = name or f"gc-{SESSION}-{uuid.uuid4().hex[:6]}"
         cmd = ["run", "-d", "--name", name, "--hostname", name, "--network", self.network, "--label", LABEL]
         if keys:
-            # make keys' master/ part (client key, host key and certificate), never the whole directory:
-            # it holds the host CA, which the entrypoint refuses.
-            source = (
-                (self.keys / "master" if (self.keys / "master").is_dir() else self.keys)
-                if keys is True
-                else keys
-            )
+            # make keys' part for this container, never the whole directory (it holds the host CA, which
+            # the entrypoint refuses): a worker its own nodes/<name>/ (its own host key, certified for
+            # the name it is reached by), anything else master/ (client key, host key and certificate).
+            if keys is not True:
+                source = keys
+            elif role == "worker" and (self.keys / "ca").is_dir():
+                source = node_keys(self.keys, name)
+            else:
+                source = self.keys / "master" if (self.keys / "master").is_dir() else self.keys
             cmd += ["-v", f"{source}:{SSH_DIR}:ro"]
         for key, value in (env or {}).items():
             cmd += ["-e", f"{key}={value}"]

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from gaudi_cluster_dev.localcluster import node_keys
 
 from tests.support.docker import LABEL, ROOT, SSH_DIR, docker, wait_until
 
@@ -81,9 +82,11 @@ class SlurmCluster:
             output.mkdir(parents=True)
             output.chmod(0o777)
             # Each node mounts its part of make keys' directory, never the host CA: the first node (Slurm
-            # node 0, the master) master/, the others nodes/any/.
-            part = self.keys / ("master" if index == 0 else "nodes/any")
-            keys = part if part.is_dir() else self.keys
+            # node 0, the master) master/, each other its own nodes/<host name>/ (made here).
+            if index == 0:
+                keys = self.keys / "master" if (self.keys / "master").is_dir() else self.keys
+            else:
+                keys = node_keys(self.keys, node)
             mounts = ["-v", f"{keys}:{SSH_DIR}:ro", "-v", f"{output}:{OUTPUT_MOUNT}"]
             self._run(node, [*common, "--shm-size", "1g", *mounts], "node")
         if not wait_until(self.all_idle, timeout=90, interval=0.3):

@@ -57,6 +57,7 @@ EXTERNAL_FLAGS = {
     "libfabric's and OpenMPI's configure": "--enable-verbs --enable-psm3-verbs --minimal --with-synapseai",
     "python -m bench (make bench)": "--only",
     "python -m gaudi_cluster.settings.reference": "--write",
+    "scripts/k8s-host-keys.sh": "--indexed-job",
     "python -m gaudi_cluster.rank.agent (its own command line, the launchers start it)": "--control "
     "--local-rank-arg --output-dir --zygote-fd",
     "named as what is refused (no flag is abbreviated)": "--master",

@@ -207,8 +207,8 @@ def test_sbatch_docker_mode_runs_the_node_with_run_nodes_flags(tmp_path):
 
 
 def test_sbatch_docker_mode_gives_the_client_key_to_node_0_only(tmp_path):
-    """Node 0 mounts make keys' master/, a worker its own nodes/<host name>/ (else nodes/any/), and
-    no node the key directory itself (it holds the host CA)."""
+    """Node 0 mounts make keys' master/, a worker its own nodes/<host name>/ (refused without one: no
+    shared nodes/any), and no node the key directory itself (it holds the host CA)."""
     keys = tmp_path / "keys"
     me = socket.gethostname().split(".")[0]
     subprocess.run([str(ROOT / "scripts" / "make-keys.sh"), str(keys), me], check=True, capture_output=True)
@@ -222,13 +222,48 @@ def test_sbatch_docker_mode_gives_the_client_key_to_node_0_only(tmp_path):
     assert mounts["0"] == [f"{keys}/master:/run/secrets/gaudi-cluster:ro"]
     assert mounts["1"] == [f"{keys}/nodes/{me}:/run/secrets/gaudi-cluster:ro"]
     shutil.rmtree(keys / "nodes" / me)
-    docker_line = dry_run(SBATCH, SLURM_NODEID="1", **common).stdout.splitlines()[-1]
-    assert f"{keys}/nodes/any:/run/secrets/gaudi-cluster:ro" in docker_line
+    (keys / "nodes" / "any").mkdir()  # make keys' old shared part: never mounted
+    done = dry_run(SBATCH, SLURM_NODEID="1", **common)
+    assert done.returncode == 2 and "nodes/any" not in done.stdout
+    assert done.stderr.count("\n") == 1
+    assert f"no host key of its own for node {me} in {keys}/nodes; fix: make keys NAMES=" in done.stderr
     old = tmp_path / "old"
     old.mkdir()
     (old / "id_ed25519.pub").write_text("ssh-ed25519 AAAA\n")  # a key directory from before nodes/
     done = dry_run(SBATCH, DRY_RUN="0", **{**common, "GAUDI_CLUSTER_KEYS": str(old)})
     assert done.returncode == 2 and f"{old}/nodes" in done.stderr and "fix: make keys NAMES=" in done.stderr
+
+
+def test_sbatch_pyxis_mode_refuses_a_key_directory_with_a_host_key(tmp_path):
+    """pyxis mounts one directory on every node: a host key in it would be every node's."""
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    (keys / "id_ed25519.pub").write_text("ssh-ed25519 AAAA\n")
+    mode = {"GAUDI_CLUSTER_SLURM_MODE": "pyxis", "GAUDI_CLUSTER_KEYS": str(keys)}
+    assert dry_run(SBATCH, **mode).returncode == 0
+    (keys / "ssh_host_ed25519_key").write_text("one key\n")
+    done = dry_run(SBATCH, **mode)
+    assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1
+    assert (
+        "would be every node's; fix: GAUDI_CLUSTER_KEYS=a directory with the client key pair only"
+        in done.stderr
+    )
+
+
+@pytest.mark.parametrize("old", ["nodes/any", "worker"])
+def test_run_node_refuses_a_worker_without_its_own_key(tmp_path, old):
+    """scripts/run-node.sh mounts a worker's own nodes/<host name>/; make keys' old shared parts
+    (nodes/any, worker/: one host key on many nodes) are never a fallback."""
+    keys = tmp_path / "keys"
+    (keys / old).mkdir(parents=True)
+    (keys / "id_ed25519.pub").write_text("ssh-ed25519 AAAA\n")
+    done = dry_run(RUN_NODE, "worker", GAUDI_CLUSTER_KEYS=str(keys))
+    me = socket.gethostname().split(".")[0]
+    assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1
+    assert f"no host key of this node's own in {keys}/nodes/ ({me}); fix: make keys NAMES=" in done.stderr
+    (keys / "nodes" / me).mkdir(parents=True)
+    words = shlex.split(dry_run(RUN_NODE, "worker", GAUDI_CLUSTER_KEYS=str(keys)).stdout)
+    assert f"{keys}/nodes/{me}:/run/secrets/gaudi-cluster:ro" in words
 
 
 def test_sbatch_pyxis_and_direct_modes_run_the_entrypoint_with_auto():

@@ -161,3 +161,49 @@ def test_a_libfabric_tarball_with_another_checksum_is_refused(tmp_path):
     assert done.returncode == 1, done.stderr
     assert "the profile records " + "0" * 64 in done.stderr
     assert not (tmp_path / "libfabric-1.22.0").exists()
+
+
+# --- no host key in any layer ---------------------------------------------------------------------------
+
+SYSTEM = ROOT / "image" / "install-system.sh"
+
+
+def function_body(script: Path, name: str) -> str:
+    """The function as bash itself reads it (the script is sourceable: it defines and runs nothing)."""
+    done = subprocess.run(
+        ["bash", "-c", f'source "$1" && declare -f {name}', "body", str(script)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout
+
+
+def test_the_layer_that_installs_sshd_removes_the_host_keys_it_made():
+    """openssh-server's install makes host keys; a layer holding them would give every container of the
+    image the same host key. The one RUN that installs it (install-system.sh) removes them at its end,
+    in the same layer, and no other step of the build makes or copies one."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    runs = [line for line in dockerfile.splitlines() if line.startswith("RUN ")]
+    assert [run for run in runs if "install-system.sh" in run] == [
+        'RUN bash /opt/gaudi-cluster/image/install-system.sh "${FLAVOR}"'
+    ]
+    main = function_body(SYSTEM, "main")
+    assert main.index("install_cpu") < main.index("common_layout")
+    assert main.index("install_gaudi") < main.index("common_layout")
+    assert "rm -f /etc/ssh/ssh_host_*" in function_body(SYSTEM, "common_layout")
+    # Nothing else in the build installs sshd or makes a key.
+    for script in sorted((ROOT / "image").glob("*.sh")):
+        text = script.read_text()
+        assert "ssh-keygen" not in text, script
+        assert script == SYSTEM or "openssh-server" not in text, script
+    assert "ssh-keygen" not in dockerfile and "openssh-server" not in dockerfile
+    # What the build copies in (entrypoint/, app/, image/, requirements/) holds no key file.
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True)
+    copied = [
+        p for p in tracked.stdout.split() if p.split("/")[0] in ("entrypoint", "app", "image", "requirements")
+    ]
+    assert not [p for p in copied if Path(p).name.startswith(("ssh_host_", "id_ed25519", "id_rsa"))]
+    assert not [
+        p for p in copied if (ROOT / p).is_file() and (ROOT / p).read_bytes().startswith(b"-----BEGIN")
+    ]

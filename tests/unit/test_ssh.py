@@ -6,6 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from gaudi_cluster.errors import ConfigError
 from gaudi_cluster.nodes.ssh import (
     HOST_CA_NAME,
     HOST_KEY_NAME,
@@ -13,7 +14,6 @@ from gaudi_cluster.nodes.ssh import (
     SshResult,
     cluster_trust,
     explain_ssh_failure,
-    is_shared_host_key,
     ssh_argv,
     write_ssh_config,
 )
@@ -39,17 +39,14 @@ def test_job_ssh_config_as_ssh_reads_it(tmp_path: Path):
     assert config["kexalgorithms"].startswith("curve25519-sha256,")
 
 
-def test_the_cluster_host_key_is_pinned_for_every_node(tmp_path: Path):
-    """A pre-CA key directory: its one shared host key is still pinned."""
+def test_a_key_directory_pinning_one_host_key_for_every_node_is_refused(tmp_path: Path):
+    """A pre-CA key directory: one host key that every node served. Refused, not pinned."""
     (tmp_path / "keys").mkdir()
     (tmp_path / "keys" / HOST_KEY_NAME).write_text(
         "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIbase gaudi-cluster-host\n"
     )
-    trust = cluster_trust(tmp_path / "keys")
-    assert trust == "* ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIbase" and is_shared_host_key(trust)
-    config = effective(write_ssh_config(tmp_path, 3022, None, host_trust=trust), host="10.0.0.9")
-    assert config["stricthostkeychecking"] == "true"  # what ssh -G prints for "yes"
-    assert (tmp_path / "known_hosts").read_text() == f"{trust}\n"
+    with pytest.raises(ConfigError, match=r"pins one host key for every node .*; fix: make keys NAMES="):
+        cluster_trust(tmp_path / "keys")
     assert cluster_trust(tmp_path / "nowhere") is None
 
 
@@ -59,10 +56,25 @@ def test_the_host_ca_is_pinned_rather_than_any_one_key(tmp_path: Path):
     (keys / HOST_KEY_NAME).write_text("ssh-ed25519 AAAAnodekey node\n")
     (keys / HOST_CA_NAME).write_text("ssh-ed25519 AAAAcakey gaudi-cluster-host-ca\n")
     trust = cluster_trust(keys)
-    assert trust == "@cert-authority * ssh-ed25519 AAAAcakey" and not is_shared_host_key(trust)
-    write_ssh_config(tmp_path, 3022, None, host_trust=trust)
+    assert trust == "@cert-authority * ssh-ed25519 AAAAcakey"
+    config = effective(write_ssh_config(tmp_path, 3022, None, host_trust=trust), host="10.0.0.9")
+    assert config["stricthostkeychecking"] == "true"  # what ssh -G prints for "yes"
+    assert "hostkeyalias" not in config  # a named node's certificate names the name it is dialled by
     assert (tmp_path / "known_hosts").read_text() == "@cert-authority * ssh-ed25519 AAAAcakey\n"
     assert (tmp_path / "known_hosts").stat().st_mode & 0o077 == 0
+
+
+def test_nodes_found_by_a_dns_name_are_checked_against_that_name(tmp_path: Path):
+    """The master dials the addresses a DNS name gives (a compose service, the Indexed Job's Service):
+    each node's own certificate names that DNS name, which ssh checks in place of the address."""
+    trust = "@cert-authority * ssh-ed25519 AAAAcakey"
+    config = write_ssh_config(tmp_path, 3022, None, host_trust=trust, host_key_alias="worker")
+    for address in ("10.0.0.9", "172.18.0.3"):
+        assert effective(config, host=address)["hostkeyalias"] == "worker"
+    # Without the CA there is nothing to check a name against: each node's own key is pinned at first
+    # contact under its address, never under one alias for all (the second node would be refused).
+    unpinned = write_ssh_config(tmp_path, 3022, None, host_key_alias="worker")
+    assert "hostkeyalias" not in effective(unpinned, host="10.0.0.9")
 
 
 def test_a_refused_host_key_names_the_node_and_the_fix():

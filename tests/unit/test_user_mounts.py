@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import socket
 import subprocess
 from pathlib import Path
 
@@ -33,7 +34,9 @@ def passed(words: list[str]) -> list[str]:
 
 @pytest.fixture
 def keys(tmp_path: Path) -> Path:
-    (tmp_path / "keys" / "worker").mkdir(parents=True)
+    # This host's own part, as make keys NAMES=$(hostname -s) lays it out (run-node.sh and the sbatch
+    # refuse a worker without one).
+    (tmp_path / "keys" / "nodes" / socket.gethostname().split(".")[0]).mkdir(parents=True)
     (tmp_path / "keys" / "id_ed25519.pub").write_text("ssh-ed25519 AAAA\n")
     return tmp_path / "keys"
 

@@ -1,10 +1,12 @@
 """After the nodes run, their secret keys reach them, and nothing is trusted on first sight:
 
 - over ssh: each instance's own ssh host keys are read from its console (GetConsoleOutput, which only the
-  account can read) and pinned before the first connection; then the master gets the client key and the
-  host key, each worker the host key only, over ssh that accepts no other host key;
-- over SSM: the nodes fetch their SecureStrings at boot; once every node's console says it has its
-  keys, the parameters are deleted, so they do not outlive the delivery.
+  account can read) and pinned before the first connection; then every node gets a host key of its own
+  for its container's sshd, certified by the cluster's host CA for its name and private IP (the master
+  pins the CA), and the master the client key, over ssh that accepts no other host key;
+- over SSM: the master fetches the client key at boot (each node's container makes its own host key);
+  once every node's console says it has its keys, the parameters are deleted, so they do not outlive
+  the delivery.
 """
 
 from __future__ import annotations
@@ -38,6 +40,18 @@ def ssh_hosts(nodes: Sequence[ExistingNode], public_ip: str) -> list[SshHost]:
         SshHost("master", public_ip, master.instance_id),
         *(SshHost(f"node-{n.index}", n.private_ip or "", n.instance_id) for n in workers),
     ]
+
+
+def host_principals(node: ExistingNode) -> tuple[str, ...]:
+    """What a node's host certificate names: its name and the private IP the master dials it by (the
+    master reaches itself at its own)."""
+    if not node.private_ip:
+        raise ClusterNotReady(
+            f"node {node.index} ({node.instance_id}) has no private IP yet, so its host key cannot be "
+            "certified; fix: run up again once it is running"
+        )
+    names = ("master", "node-0") if node.role == MASTER else (f"node-{node.index}",)
+    return (*names, node.private_ip)
 
 
 def pin_host_keys(
@@ -93,7 +107,7 @@ def deliver_over_ssh(
     deliveries = [
         Delivery(
             host,
-            cluster_keys.secrets_for(node.role),
+            cluster_keys.files_for(node.role, host.name, host_principals(node)),
             () if node.role == MASTER else (CLIENT_KEY,),
         )
         for host, node in zip(hosts, nodes, strict=True)

@@ -36,14 +36,21 @@ AMI_OWNER = "amazon"
 # Where the nodes keep the cluster key and the scripts that start them.
 NODE_HOME = "/opt/gaudi-cluster"
 NODE_KEYS_DIR = f"{NODE_HOME}/keys"
-# The key files of `make keys` (the container's key directory holds these names): the client key pair,
-# for the master alone, and the cluster's host identity, which every node's sshd presents.
+# The key files of the container's key directory: the client key pair of `make keys`, for the master
+# alone, the public key of its host CA, and each node's own host key with its certificate (made by `up`
+# for that node, certified by the CA for the node's name and private IP: no two nodes share one).
 CLIENT_KEY = "id_ed25519"
 HOST_KEY = "ssh_host_ed25519_key"
-# The secret files each role receives after boot (the public halves travel in user data).
+HOST_CA = "host_ca.pub"
+# The secret files each role waits for after boot, delivered over ssh (the public halves, the host CA and
+# the node's certificate arrive before them, so each node finds its files complete).
 SECRETS_OF_ROLE: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {"master": (CLIENT_KEY, HOST_KEY), "worker": (HOST_KEY,)}
 )
+# Through SSM Parameter Store the client key alone (to the master): a host key stored there before the
+# nodes launch could be certified for no node's address, and one for all would be every node's. Each
+# node's container makes its own host key at start instead, pinned at first contact.
+SSM_SECRETS_OF_ROLE: Mapping[str, tuple[str, ...]] = MappingProxyType({"master": (CLIENT_KEY,), "worker": ()})
 # The widest --ssh-cidr accepted without --allow-wide-ssh-source: a /16 is a campus or a VPN pool; for
 # IPv6 a /48 is one site's allocation.
 WIDEST_SSH_PREFIX = {4: 16, 6: 48}

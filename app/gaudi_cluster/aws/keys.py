@@ -1,13 +1,16 @@
 """The cluster's keys (made by `make keys`) and how their secret halves reach the nodes after boot: over
 ssh, or through SSM Parameter Store as SecureStrings. Never through user data, never on a command line,
-never logged. The master gets the client key and the host key; a worker the host key only (both get
-the public halves in user data).
+never logged. The master gets the client key; every node gets a host key of its own, made here for it
+and certified by the cluster's host CA (`make keys`' ca/, on this machine only) for the node's name and
+private IP, which the master dials: no two nodes share a host key, and the master pins the CA. Through
+SSM only the client key travels (to the master); each node's container makes its own host key then.
 
 Over ssh the secret files travel as a tar on ssh's standard input; the remote side unpacks them as root,
-0600, and moves each into place whole (the node's start script waits for them). Workers have no public
-address: they are reached through the master (ProxyCommand over its Elastic IP). Host keys are pinned
-from each instance's console (delivery.py) under the instance id (HostKeyAlias), and checked strictly:
-an address that answers with another key is refused, and nothing is sent to it.
+0600, and moves each into place whole, the waited-for secrets last (the node's start script waits for
+them). Workers have no public address: they are reached through the master (ProxyCommand over its
+Elastic IP). Host keys are pinned from each instance's console (delivery.py) under the instance id
+(HostKeyAlias), and checked strictly: an address that answers with another key is refused, and nothing is
+sent to it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import os
 import shlex
 import subprocess
 import tarfile
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from gaudi_cluster.aws.calls import Resources, calling, tolerating_gone
-from gaudi_cluster.aws.facts import CLIENT_KEY, HOST_KEY, NODE_KEYS_DIR, SECRETS_OF_ROLE
+from gaudi_cluster.aws.facts import CLIENT_KEY, HOST_CA, HOST_KEY, NODE_KEYS_DIR, SECRETS_OF_ROLE
 from gaudi_cluster.aws.spec import tags
 from gaudi_cluster.errors import ClusterNotReady, ConfigError, GaudiClusterError
 
@@ -40,22 +44,60 @@ HOST_KEY_REFUSED = "Host key verification failed"
 
 @dataclass(frozen=True)
 class ClusterKeys:
-    """The key files of `make keys`: the client key pair (the master logs in with it) and the cluster's
-    host identity (every node's sshd presents it)."""
+    """The key files of `make keys`: the client key pair (the master logs in with it) and the host CA,
+    whose private key stays here and signs each node's own host key (`node_host_key`)."""
 
     client_private: bytes = field(repr=False)
     client_public: str
-    host_private: bytes = field(repr=False)
-    host_public: str
+    ca_public: str
+    ca_key: Path  # the CA's private key file (make keys' ca/host_ca), read by ssh-keygen only
 
-    def public_keys(self) -> dict[str, str]:
-        return {f"{CLIENT_KEY}.pub": self.client_public, f"{HOST_KEY}.pub": self.host_public}
+    def public_keys(self, pin_ca: bool = True) -> dict[str, str]:
+        """What user data writes on every node: the client public key, and the CA the nodes pin (not
+        with SSM delivery: no node has a certificate then)."""
+        return {f"{CLIENT_KEY}.pub": self.client_public, **({HOST_CA: self.ca_public} if pin_ca else {})}
 
     def secret(self, name: str) -> bytes:
-        return {CLIENT_KEY: self.client_private, HOST_KEY: self.host_private}[name]
+        return {CLIENT_KEY: self.client_private}[name]
 
-    def secrets_for(self, role: str) -> dict[str, bytes]:
-        return {name: self.secret(name) for name in SECRETS_OF_ROLE[role]}
+    def files_for(self, role: str, identity: str, principals: Sequence[str]) -> dict[str, bytes]:
+        """What one node receives over ssh: its own host key and certificate, and the client key on the
+        master alone."""
+        files = node_host_key(self.ca_key, identity, principals)
+        return {**files, **{name: self.secret(name) for name in SECRETS_OF_ROLE[role] if name != HOST_KEY}}
+
+
+def node_host_key(ca_key: Path, identity: str, principals: Sequence[str]) -> dict[str, bytes]:
+    """A new host key for one node and its certificate from the CA, for `principals` only (the names and
+    addresses the node is reached by): HOST_KEY, its .pub and its -cert.pub, by file name."""
+    if not principals or any("," in name or not name for name in principals):
+        raise GaudiClusterError(f"no principals for {identity}'s host certificate; fix: a bug, report it")
+    with tempfile.TemporaryDirectory(prefix="gc-host-key-") as tmp:
+        key = Path(tmp) / HOST_KEY
+        comment, signed_as = f"gaudi-cluster-host {identity}", f"gaudi-cluster-host-{identity}"
+        for argv in (
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(key)],
+            [
+                "ssh-keygen",
+                "-q",
+                "-s",
+                str(ca_key),
+                "-I",
+                signed_as,
+                "-h",
+                "-n",
+                ",".join(principals),
+                f"{key}.pub",
+            ],
+        ):
+            done = subprocess.run(argv, capture_output=True, stdin=subprocess.DEVNULL, check=False)
+            if done.returncode != 0:
+                raise GaudiClusterError(
+                    f"ssh-keygen could not make {identity}'s host key ({_last_line(done.stderr)}); "
+                    f"fix: check {ca_key} (make keys)"
+                )
+        names = (HOST_KEY, f"{HOST_KEY}.pub", f"{HOST_KEY}-cert.pub")
+        return {name: (Path(tmp) / name).read_bytes() for name in names}
 
 
 def _private(path: Path, what: str) -> bytes:
@@ -71,21 +113,22 @@ def _private(path: Path, what: str) -> bytes:
 
 
 def read_cluster_keys(keys_dir: Path) -> ClusterKeys:
-    client, host = keys_dir / CLIENT_KEY, keys_dir / HOST_KEY
+    client, ca = keys_dir / CLIENT_KEY, keys_dir / "ca" / "host_ca"
     if not client.is_file() or not client.with_name(f"{CLIENT_KEY}.pub").is_file():
         raise ConfigError(
             f"no cluster key in {keys_dir}; fix: make keys (or --keys DIR holding {CLIENT_KEY})"
         )
-    if not host.is_file() or not host.with_name(f"{HOST_KEY}.pub").is_file():
+    if not ca.is_file() or not ca.with_name(HOST_CA).is_file():
         raise ConfigError(
-            f"no cluster host key in {keys_dir} ({HOST_KEY}); "
-            "fix: make keys (it adds one to an existing .keys)"
+            f"no host CA in {keys_dir}/ca (it certifies each node's own host key; the one {HOST_KEY} "
+            "of older clusters was every node's); fix: make keys (it adds one to an existing .keys)"
         )
+    _private(ca, "host CA key")
     return ClusterKeys(
         client_private=_private(client, "cluster key"),
         client_public=client.with_name(f"{CLIENT_KEY}.pub").read_text().strip(),
-        host_private=_private(host, "cluster host key"),
-        host_public=host.with_name(f"{HOST_KEY}.pub").read_text().strip(),
+        ca_public=ca.with_name(HOST_CA).read_text().strip(),
+        ca_key=ca,
     )
 
 
@@ -182,17 +225,20 @@ def bundle(files: Mapping[str, bytes]) -> bytes:
     return buffer.getvalue()
 
 
-def install_command(remove: Iterable[str] = ()) -> str:
+def install_command(files: Sequence[str], remove: Iterable[str] = ()) -> str:
     """The remote side: unpack the tar from stdin as root into a private staging directory, drop the files
-    this role must not hold (a worker's client key from an older gaudi-cluster), move each file in whole."""
+    this role must not hold (a worker's client key from an older gaudi-cluster), move each file in whole,
+    the secrets the node's start script waits for last (the certificate is there before the key is)."""
+    last = [name for name in files if name in (CLIENT_KEY, HOST_KEY)]
+    order = [*sorted(name for name in files if name not in last), *sorted(last)]
     script = (
         f'umask 077; d={NODE_KEYS_DIR}; mkdir -p "$d" || exit 1; '
         's=$(mktemp -d "$d/.incoming.XXXXXX") || exit 1; trap \'rm -rf "$s"\' EXIT; '
         'tar -x -f - -C "$s" --no-same-owner || exit 1; '
         + "".join(f'rm -f "$d/{name}"; ' for name in remove)
-        + 'for f in "$s"/*; do mv -f "$f" "$d/" || exit 1; done'
+        + "".join(f'mv -f "$s/{name}" "$d/" || exit 1; ' for name in order)
     )
-    return "sudo sh -c " + shlex.quote(script)
+    return "sudo sh -c " + shlex.quote(script.rstrip("; "))
 
 
 @dataclass(frozen=True)
@@ -217,7 +263,7 @@ def deliver_over_ssh(
     """Write each host's secret files (master first: the workers are reached through it)."""
     for delivery in deliveries:
         host = delivery.host
-        argv = [ssh, "-F", str(config), host.name, install_command(delivery.remove)]
+        argv = [ssh, "-F", str(config), host.name, install_command(sorted(delivery.files), delivery.remove)]
         payload = bundle(delivery.files)
         while True:
             done = run(argv, input=payload, capture_output=True, check=False)

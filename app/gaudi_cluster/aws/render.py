@@ -79,12 +79,14 @@ def render_plan(spec: ClusterSpec, existing: Existing, changes: Diff, quota: Quo
 def _key_delivery_line(spec: ClusterSpec) -> str:
     if spec.request.key_delivery == "ssm":
         return (
-            "SSM Parameter Store SecureStrings, read by each new node at boot (the client key by the "
-            "master only), deleted once the new nodes' consoles say they have their keys"
+            "SSM Parameter Store SecureString, the client key read by the master at boot, deleted once "
+            "the new nodes' consoles say they have their keys; each node's container makes its own host "
+            "key, pinned at first contact"
         )
     return (
         f"over ssh after boot (from {spec.request.ssh_cidr}, workers through the master), to host keys "
-        "pinned from each instance's console; the client key to the master only; never in user data"
+        "pinned from each instance's console: each node its own host key, certified by the host CA for "
+        "its name and private IP; the client key to the master only; never in user data"
     )
 
 

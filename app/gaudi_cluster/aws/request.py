@@ -15,7 +15,7 @@ from gaudi_cluster.aws.facts import (
     DEFAULT_SSH_USER,
     DEFAULT_WAIT_TIMEOUT_S,
     MAX_NODES,
-    SECRETS_OF_ROLE,
+    SSM_SECRETS_OF_ROLE,
     SYNAPSE_PROFILE,
     WIDEST_SSH_PREFIX,
 )
@@ -78,7 +78,7 @@ def resource_name(cluster_id: str) -> str:
 
 def parameter_names(cluster_id: str) -> dict[str, str]:
     """SSM Parameter Store names (SecureString) of the cluster's secret key files, by file name."""
-    files = sorted({name for names in SECRETS_OF_ROLE.values() for name in names})
+    files = sorted({name for names in SSM_SECRETS_OF_ROLE.values() for name in names})
     return {name: f"/gaudi-cluster/{cluster_id}/{name}" for name in files}
 
 

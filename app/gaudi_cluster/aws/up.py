@@ -20,7 +20,7 @@ from gaudi_cluster.aws import request as inputs
 from gaudi_cluster.aws import spec as specs
 from gaudi_cluster.aws.diff import Diff, Existing
 from gaudi_cluster.aws.ec2 import Cloud, Resources
-from gaudi_cluster.aws.facts import SECRETS_OF_ROLE, TAG_CLUSTER, QuotaCheck
+from gaudi_cluster.aws.facts import SSM_SECRETS_OF_ROLE, TAG_CLUSTER, QuotaCheck
 from gaudi_cluster.aws.request import Request
 from gaudi_cluster.aws.spec import ClusterSpec, NodeSpec
 from gaudi_cluster.aws.userdata import NodeBoot, render_user_data
@@ -113,9 +113,13 @@ def run_up(args: argparse.Namespace) -> int:
             image=request.image,
             image_s3=request.image_s3,
             peers=peers,
-            public_keys=cluster_keys.public_keys(),
+            # Through SSM no node gets a certificate: nothing to pin the CA for.
+            public_keys=cluster_keys.public_keys(pin_ca=request.key_delivery == "ssh"),
             # Each role reads only its own files; the client key is the master's alone.
-            key_parameters={f: n for f, n in spec.parameter_names.items() if f in SECRETS_OF_ROLE[node.role]},
+            key_parameters={
+                f: n for f, n in spec.parameter_names.items() if f in SSM_SECRETS_OF_ROLE[node.role]
+            },
+            key_delivery=request.key_delivery,
         )
         return render_user_data(boot, run_node)
 

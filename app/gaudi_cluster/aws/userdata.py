@@ -23,6 +23,7 @@ from gaudi_cluster.aws.facts import (
     NODE_HOME,
     NODE_KEYS_DIR,
     SECRETS_OF_ROLE,
+    SSM_SECRETS_OF_ROLE,
     WORKER,
 )
 from gaudi_cluster.errors import ClusterNotReady, ConfigError
@@ -104,14 +105,17 @@ class NodeBoot:
     image: str
     image_s3: str | None = None
     peers: tuple[str, ...] = ()
-    # Public key lines by file name (id_ed25519.pub, ssh_host_ed25519_key.pub): written at boot.
+    # Public key lines by file name (id_ed25519.pub, host_ca.pub): written at boot.
     public_keys: Mapping[str, str] = field(default_factory=dict)
     # SSM parameter names of this role's secret files, by file name (empty: they come over ssh).
     key_parameters: Mapping[str, str] = field(default_factory=dict)
+    key_delivery: str = "ssh"
 
     @property
     def secrets(self) -> tuple[str, ...]:
-        return SECRETS_OF_ROLE[self.role]
+        """The secret files the node waits for: over ssh its own host key (and the master the client
+        key); through SSM the client key on the master alone (each container makes its own host key)."""
+        return (SSM_SECRETS_OF_ROLE if self.key_delivery == "ssm" else SECRETS_OF_ROLE)[self.role]
 
 
 def node_environment(boot: NodeBoot) -> dict[str, str]:
@@ -147,7 +151,7 @@ def node_environment(boot: NodeBoot) -> dict[str, str]:
 def render_user_data(boot: NodeBoot, run_node_script: str) -> str:
     """The bash script cloud-init runs once as root on first boot."""
     env_lines = "".join(f"{k}={shlex.quote(v)}\n" for k, v in node_environment(boot).items())
-    # Public halves only: authorized_keys material and the host key the master pins.
+    # Public halves only: authorized_keys material and the host CA the master pins.
     publics = "".join(
         f"cat >{NODE_KEYS_DIR}/{name} <<'{_END}'\n{public_key_line(line)}\n{_END}\n"
         f"chmod 0644 {NODE_KEYS_DIR}/{name}\n"

@@ -2,10 +2,11 @@
 
 Host-key trust is per job, in a known_hosts file inside the job's directory: with the keys of make keys,
 `@cert-authority * <host CA>` (a node must present a host certificate of the cluster's CA naming the
-name or address the master dialled; StrictHostKeyChecking yes), else a pre-CA key directory's one
-shared host key, else `accept-new` (first contact pins a key). A cluster rebuilt with new host keys
-never trips a stale global known_hosts and trust is never disabled globally. Every call is BatchMode
-(never prompts) with a connect timeout.
+name or address the master dialled, or, for nodes found at the addresses of a DNS name, that DNS name:
+HostKeyAlias; StrictHostKeyChecking yes), else `accept-new` (first contact pins each node's own key).
+A key directory that pins one host key for every node (from before the CA) is refused. A cluster
+rebuilt with new host keys never trips a stale global known_hosts and trust is never disabled
+globally. Every call is BatchMode (never prompts) with a connect timeout.
 """
 
 from __future__ import annotations
@@ -59,12 +60,16 @@ def write_ssh_config(
     connect_timeout_s: int = 5,
     control_dir: Path | None = None,
     host_trust: str | None = None,
+    host_key_alias: str | None = None,
 ) -> Path:
     """The job's ssh client config. With `control_dir`, every session to a node rides on the one
     connection `open_connections` made (probe, launch, clean-up: no new handshake each time); a
     session finds no such connection and ssh simply connects on its own. With `host_trust` (a
     known_hosts line, `cluster_trust`), every node must pass it: a node that does not is refused
-    before anything (the probe's secrets included) is sent; without one, first contact pins a key."""
+    before anything (the probe's secrets included) is sent; without one, first contact pins a key.
+    `host_key_alias` (with `host_trust`): the nodes are addresses a DNS name gave (a compose service,
+    the Indexed Job's Service), so each node's own certificate must name that DNS name, as the
+    address it answers at is not known when its key is certified."""
     known_hosts = job_dir / "known_hosts"
     if host_trust is not None:
         write_private_file(known_hosts, f"{host_trust}\n")
@@ -83,6 +88,8 @@ def write_ssh_config(
         f"  KexAlgorithms {KEX_ALGORITHMS}",
         "  LogLevel ERROR",
     ]
+    if host_trust is not None and host_key_alias is not None:
+        lines.append(f"  HostKeyAlias {host_key_alias}")
     if identity is not None:
         lines += [f"  IdentityFile {identity}", "  IdentitiesOnly yes"]
     if control_dir is not None:
@@ -179,7 +186,7 @@ IDENTITY_NAMES = ("id_ed25519", "id_rsa")
 
 
 HOST_CA_NAME = "host_ca.pub"
-# A key directory made before the host CA: one host key that every node served.
+# A key directory made before the host CA held one host key that every node served.
 HOST_KEY_NAME = "ssh_host_ed25519_key.pub"
 
 
@@ -193,17 +200,18 @@ def _public_key(path: Path) -> str | None:
 
 def cluster_trust(ssh_dir: Path) -> str | None:
     """The known_hosts line the nodes must pass, from the key directory (make keys): the host CA
-    (`@cert-authority * TYPE BASE64`), else a pre-CA directory's shared host key (`* TYPE BASE64`,
-    `is_shared_host_key`), else None (nothing to pin)."""
+    (`@cert-authority * TYPE BASE64`), else None (nothing to pin: each node's own key at first contact).
+    A host key without the CA (a directory from before it: one key served by every node) is refused."""
     ca = _public_key(ssh_dir / HOST_CA_NAME)
     if ca is not None:
         return f"@cert-authority * {ca}"
-    shared = _public_key(ssh_dir / HOST_KEY_NAME)
-    return f"* {shared}" if shared is not None else None
-
-
-def is_shared_host_key(trust: str) -> bool:
-    return not trust.startswith("@cert-authority ")
+    if _public_key(ssh_dir / HOST_KEY_NAME) is not None:
+        raise ConfigError(
+            f"{ssh_dir} pins one host key for every node ({HOST_KEY_NAME}, no {HOST_CA_NAME}: a key "
+            'directory from before the host CA); fix: make keys NAMES="<the nodes\' names>", then mount '
+            ".keys/master on the master and .keys/nodes/NAME on each node"
+        )
+    return None
 
 
 def default_identity(ssh_dir: Path) -> Path | None:

@@ -225,6 +225,8 @@ def reach_nodes(
     if step is not None:
         log.info("inside Slurm job %d: probe, launch and clean-up through srun, no ssh", step.job_id)
         return SrunReach(step), nodes.spares
+    # Before any wait: a key directory that pins one key for every node is refused (ConfigError).
+    host_trust = ssh.cluster_trust(Path(config.ssh_dir))
     # Said before the first knock: a master whose nodes' sshd are not up yet is waiting, not hung.
     log.info("waiting for sshd on port %d of %d node(s)", config.ssh_port, len(nodes.hosts))
     silent = ssh.wait_for_sshd(nodes.hosts, config.ssh_port, deadline)
@@ -243,7 +245,6 @@ def reach_nodes(
     if identity is not None:
         ssh.check_private_key(identity)
     control_dir = Path(tempfile.mkdtemp(prefix="gc-ssh-"))  # short: socket paths are capped at ~100
-    host_trust = ssh.cluster_trust(Path(config.ssh_dir))
     if host_trust is None:
         log.warning(
             "host keys are not pinned: no %s in %s, so each node's key is trusted at first contact; "
@@ -252,14 +253,17 @@ def reach_nodes(
             ssh.HOST_CA_NAME,
             config.ssh_dir,
         )
-    elif ssh.is_shared_host_key(host_trust):
-        log.warning(
-            "every node serves one shared host key (Kubernetes, or a key directory from before the host "
-            "CA), so a node can pass for another; fix: give each node its own certified key (make keys "
-            "NAMES=..., mount .keys/master on the master, .keys/nodes/NAME on each node)"
-        )
+    # Nodes found at a DNS name's addresses: each node's certificate names that DNS name.
+    alias = (config.find.peers_dns or None) if host_trust is not None else None
+    if alias is not None:
+        log.info("nodes found by DNS name %s: each must present a certificate naming %s", alias, alias)
     ssh_config = ssh.write_ssh_config(
-        job_dir, config.ssh_port, identity, control_dir=control_dir, host_trust=host_trust
+        job_dir,
+        config.ssh_port,
+        identity,
+        control_dir=control_dir,
+        host_trust=host_trust,
+        host_key_alias=alias,
     )
     reach = SshReach(ssh_config, config.ssh_port, control_dir)
     reach.open((*nodes.hosts, *spares), max(5.0, deadline - time.monotonic()))
