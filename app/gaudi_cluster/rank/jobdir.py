@@ -18,6 +18,7 @@ from gaudi_cluster.wire.private_payload import PrivatePayload, PrivatePayloadErr
 
 PRIVATE_FILE = "private.json"
 STATUS_SOCKET = "status.sock"  # the master's, in its job's directory (view/status)
+RELAY_SOCKET = "control.sock"  # the node relay's, in the job's directory on each node (rank/relay)
 # A Unix socket's path holds at most 107 bytes (108 with its NUL, on Linux); a job id is 22 characters.
 MAX_SOCKET_PATH = 107
 _JOB_ID_CHARACTERS = len("20261130-120000-a1b2c3")
@@ -128,6 +129,16 @@ def stage(job_root: str | Path, job_id: str, payload: PrivatePayload) -> Path:
     directory = create(job_root, job_id)
     write_private(directory, payload)
     return directory
+
+
+def relay_socket_path(directory: Path) -> str:
+    """The node relay's socket as a path short enough for AF_UNIX (108 bytes): a long job root is
+    reached through this process's own descriptor of the directory instead."""
+    path = str(directory / RELAY_SOCKET)
+    if len(path.encode()) < 100:
+        return path
+    fd = os.open(directory, os.O_PATH | os.O_DIRECTORY)
+    return f"/proc/self/fd/{fd}/{RELAY_SOCKET}"
 
 
 def read_private(directory: Path) -> PrivatePayload | None:

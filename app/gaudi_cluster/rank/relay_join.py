@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from gaudi_cluster.rank.relay import SOCKET_NAME, socket_path
+from gaudi_cluster.rank import jobdir
 from gaudi_cluster.wire import messages, protocol
 from gaudi_cluster.wire.channel import Channel
 
@@ -63,17 +63,18 @@ def _relay_link(job_dir: Path, relay_args: list[str], deadline: float) -> Channe
             if relay.poll() is not None:
                 raise ConnectionError(_relay_error(job_dir))
             if time.monotonic() > deadline + RELAY_GRACE_S:  # the relay gives up at the deadline: its reason
-                raise ConnectionError(f"the node relay did not start listening in {job_dir / SOCKET_NAME}")
+                where = job_dir / jobdir.RELAY_SOCKET
+                raise ConnectionError(f"the node relay did not start listening in {where}")
             time.sleep(POLL_S)
         return channel
 
 
 def _connect(job_dir: Path) -> Channel | None:
-    if not (job_dir / SOCKET_NAME).exists():
+    if not (job_dir / jobdir.RELAY_SOCKET).exists():
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.connect(socket_path(job_dir))
+        sock.connect(jobdir.relay_socket_path(job_dir))
     except OSError:  # a dead relay's socket: the next relay replaces it
         sock.close()
         return None
