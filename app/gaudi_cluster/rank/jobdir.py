@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 import stat
 from pathlib import Path
 
@@ -109,6 +108,8 @@ def write_private_file(target: Path, text: str) -> Path:
     """Write `target` as 0600 from the start (never readable by others, even for an instant) through
     a new file (O_EXCL|O_NOFOLLOW: never a file or link someone planted), renamed over `target` (a
     link planted at `target` is replaced, not followed)."""
+    import secrets  # here: a rank agent, which only reads the private file, never needs it
+
     temporary = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
