@@ -12,14 +12,17 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gaudi_cluster.rank import jobdir
 from gaudi_cluster.wire import messages, protocol
 from gaudi_cluster.wire.channel import Channel
+
+if TYPE_CHECKING:
+    import subprocess
 
 RELAY_MODULE_ARGS = (sys.executable, "-u", "-m", "gaudi_cluster.rank.relay")
 LOCK_NAME = "relay.lock"
@@ -82,6 +85,8 @@ def _connect(job_dir: Path) -> Channel | None:
 
 
 def _start_relay(job_dir: Path, relay_args: list[str], deadline: float) -> subprocess.Popen[bytes]:
+    import subprocess  # here: only the agent that starts the node's relay needs it
+
     command = [*relay_args, "--connect-timeout", f"{max(1.0, deadline - time.monotonic()):.1f}"]
     with (job_dir / LOG_NAME).open("ab") as log:
         return subprocess.Popen(
