@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 
 import pytest
 from gaudi_cluster.errors import ConfigError
@@ -117,7 +118,7 @@ def test_the_temporary_file_is_never_one_that_was_there(tmp_path, monkeypatch):
     directory = jobdir.create(tmp_path / "jobs", "j1")
     outside = tmp_path / "outside.json"
     outside.write_text("theirs")
-    monkeypatch.setattr(jobdir.secrets, "token_hex", lambda _n: "fixed")
+    monkeypatch.setattr(secrets, "token_hex", lambda _n: "fixed")  # jobdir imports it where used
     (directory / f".{jobdir.PRIVATE_FILE}.{os.getpid()}.fixed").symlink_to(outside)
     with pytest.raises(FileExistsError):
         jobdir.write_private(directory, PAYLOAD)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -46,7 +47,7 @@ def test_a_full_disk_is_named_where_the_job_writes(tmp_path, monkeypatch):
         asked.append(path)
         return SimpleNamespace(total=1 << 30, used=(1 << 30) - 100, free=100)
 
-    monkeypatch.setattr(agent.shutil, "disk_usage", disk_usage)
+    monkeypatch.setattr(shutil, "disk_usage", disk_usage)
     rank._note_full_disk()
     assert asked == [str(tmp_path)]
     assert said == [f"No space left on device: {tmp_path} has less than 1 MiB free on {rank.host}"]

@@ -21,34 +21,37 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gaudi_cluster.engines import auto as engine
 from gaudi_cluster.errors import GaudiClusterError, error_line, exit_code_for
-from gaudi_cluster.nodes import slurm, srun, ssh
-from gaudi_cluster.nodes.reach import Reach, SrunReach, SshReach, failures
+from gaudi_cluster.nodes import slurm, srun
 from gaudi_cluster.rank import procgroup
 from gaudi_cluster.settings.config import ClusterConfig, resolve_config
-from gaudi_cluster.wire import node_spec
+
+if TYPE_CHECKING:
+    import subprocess
+
+    from gaudi_cluster.nodes.reach import Reach
+
+# A worker's processes (role, follow, release) import only what they use: the master's side
+# (release_workers: logging, ssh, the reaches) and follow's (subprocess, the agent's module name) are
+# imported where they are used.
 
 TICK_S = 0.5
 KNOCK_INTERVAL_S = 2.0
-AGENT_MODULE = node_spec.AGENT_MODULE.encode()  # /proc/PID/cmdline is bytes
 # A master that starts later than its workers (an image still being pulled on its node) still has
 # its whole --wait-timeout ahead of it; give it that much and this margin.
 STARTUP_MARGIN_S = 120.0
-
-log = logging.getLogger("gaudi_cluster.master")
 
 
 def say(text: str) -> None:
@@ -62,11 +65,14 @@ def state_dir(config: ClusterConfig) -> Path:
 
 def agents_running(proc: Path = Path("/proc")) -> bool:
     """Whether a rank agent of any job runs on this node (it watches the master's heartbeat)."""
+    from gaudi_cluster.wire.node_spec import AGENT_MODULE
+
+    agent_module = AGENT_MODULE.encode()  # /proc/PID/cmdline is bytes
     for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue
         with contextlib.suppress(OSError):
-            if AGENT_MODULE in (entry / "cmdline").read_bytes():
+            if agent_module in (entry / "cmdline").read_bytes():
                 return True
     return False
 
@@ -88,6 +94,8 @@ def _stop(process: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
 
 def follow(master: str, sshd_argv: Sequence[str], config: ClusterConfig, key: str) -> int:
     """Follow the master; without `sshd_argv` (srun mode) run no sshd and never knock."""
+    import subprocess
+
     marker = state_dir(config) / engine.release_marker_name(key)
     watch = engine.MasterWatch(
         master,
@@ -174,6 +182,11 @@ def release_workers(
     longer resolves can take the whole timeout) would only hold the master's exit. Elsewhere (docker
     run, Kubernetes) nothing happens.
     """
+    import logging
+
+    from gaudi_cluster.nodes.reach import SrunReach, failures
+
+    log = logging.getLogger("gaudi_cluster.master")
     key = slurm.run_key(environ)
     if key is None or not slurm.in_slurm_step(environ):
         return
@@ -206,6 +219,9 @@ def release_workers(
 
 def workers_reach(config: ReleaseSettings, environ: Mapping[str, str], key: str) -> Reach:
     """How to reach the workers when no survey made a Reach (the master stopped before it)."""
+    from gaudi_cluster.nodes import ssh
+    from gaudi_cluster.nodes.reach import SrunReach, SshReach
+
     step = srun.step_for(environ, shutil.which("srun"))
     if step is not None:
         return SrunReach(step)

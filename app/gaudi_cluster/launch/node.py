@@ -24,14 +24,12 @@ import socket
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from gaudi_cluster.errors import ConfigError
-from gaudi_cluster.nodes import srun
 from gaudi_cluster.rank.zygote_rules import script_of, start_environment, zygote_name
 from gaudi_cluster.wire.node_spec import AGENT_MODULE, ZYGOTE_MODULE, FanoutSpec, NodeSpec, NodeSpecError
 
@@ -114,6 +112,8 @@ def connect_agents(path: Path, ranks: int) -> list[socket.socket] | None:
 def start_zygote(spec: NodeSpec, env: Mapping[str, str], ranks: int) -> Zygote | None:
     """Each agent's connection to this node's zygote for these settings: the warm one when it answers,
     else a new one (which retires the node's other zygote); None: the ranks then start plainly."""
+    import tempfile  # here: a node without a zygote never needs it
+
     place = zygote_place(os.getuid(), tempfile.gettempdir())
     if isinstance(place, str):
         print(f"gaudi-cluster[node]: preimport off: {place}", flush=True)
@@ -188,6 +188,8 @@ def read_spec(text: str, from_launch: bool, env: Mapping[str, str]) -> NodeSpec:
     """This node's spec: stdin itself, or (from_launch) this node's entry of the whole launch."""
     if not from_launch:
         return NodeSpec.from_json(text)
+    from gaudi_cluster.nodes import srun  # here: the Slurm path's only (the docker path gets its spec)
+
     launch = FanoutSpec.from_json(text)
     hosts = {host: None for host in launch.hosts()}
     return launch.entry(srun.pick_own(hosts, env)).spec

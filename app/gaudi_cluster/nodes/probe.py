@@ -7,7 +7,6 @@ probing 32 nodes in parallel costs about one ssh round trip.
 from __future__ import annotations
 
 import glob
-import importlib.metadata
 import json
 import os
 import re
@@ -20,7 +19,7 @@ from pathlib import Path
 
 from gaudi_cluster.env import presets
 from gaudi_cluster.errors import ConfigError
-from gaudi_cluster.nodes import devices, srun
+from gaudi_cluster.nodes import devices
 from gaudi_cluster.rank import jobdir
 from gaudi_cluster.settings import profiles
 from gaudi_cluster.wire.kinds import AUTO, Accelerator
@@ -44,6 +43,10 @@ def image_profile(path: Path | None = None) -> str | None:
 
 
 def package_versions() -> dict[str, str | None]:
+    # Here, not at the top: importlib.metadata (email, zipfile, csv with it) is ~25 ms of an import,
+    # and only the report reads it, not gaudi_spawn's use of this module (cpu_topology).
+    import importlib.metadata
+
     versions: dict[str, str | None] = {}
     for name in PACKAGES:
         try:
@@ -267,6 +270,8 @@ def run(
 
     `srun_task`: a task of the master's srun step (nodes/srun): its first line names this node, and
     stdin holds every node's payload, of which this node stages its own only."""
+    from gaudi_cluster.nodes import srun  # the Slurm path's only (--srun-task)
+
     if srun_task:
         print(srun.NODE_LINE_PREFIX + os.environ.get(srun.NODE_NAME_VARIABLE, ""), flush=True)
     if stage_job:

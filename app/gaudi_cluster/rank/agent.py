@@ -16,21 +16,28 @@ import collections
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from gaudi_cluster.rank import agent_beat, jobdir, procgroup, relay_join, zygote_client
+from gaudi_cluster.rank import agent_beat, jobdir, procgroup, relay_join
 from gaudi_cluster.rank.conventions import output_dir_in, rank_identity, with_local_rank
 from gaudi_cluster.wire import messages, private_args
 from gaudi_cluster.wire.channel import Channel
 from gaudi_cluster.wire.protocol import BEAT_INTERVAL_S
+
+if TYPE_CHECKING:
+    import subprocess
+
+    from gaudi_cluster.rank import zygote_client
+
+# What only some agents use is imported where it is used: zygote_client (an agent of a node with a
+# zygote), subprocess (an agent that starts its rank or the node's relay itself), shutil (a failed rank).
 
 TAIL_LINES = 30
 FULL_DISK_BYTES = 1 << 20
@@ -123,6 +130,8 @@ class RankAgent:
                 self.pid_file.write_text(f"{forked.pid} {os.getpid()}\n")
                 self.say("preimport: forked from the node's zygote")
                 return
+        import subprocess
+
         self.child = subprocess.Popen(
             self.program,
             env=self.env,
@@ -289,6 +298,8 @@ class RankAgent:
     def _note_full_disk(self) -> None:
         """A rank that dies writing to a full disk often says only `unexpected pos` (torch's zip
         writer): name the cause when its output directory's disk is full."""
+        import shutil
+
         with contextlib.suppress(OSError):
             if shutil.disk_usage(self.output_dir).free < FULL_DISK_BYTES:
                 self.say(
@@ -350,6 +361,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
     if not program:
         parser.error("no program given after --")
+    zygote = None
+    if args.zygote_fd is not None:
+        from gaudi_cluster.rank import zygote_client
+
+        zygote = zygote_client.ZygoteLink(socket.socket(fileno=args.zygote_fd))
     agent = RankAgent(
         args.job_id,
         program,
@@ -359,9 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.connect_timeout,
         local_rank_arg=args.local_rank_arg,
         output_dir=args.output_dir,
-        zygote=None
-        if args.zygote_fd is None
-        else zygote_client.ZygoteLink(socket.socket(fileno=args.zygote_fd)),
+        zygote=zygote,
     )
     return agent.run()
 

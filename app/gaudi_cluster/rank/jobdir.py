@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 import stat
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from gaudi_cluster.wire.private_payload import PrivatePayload, PrivatePayloadErr
 
 PRIVATE_FILE = "private.json"
 STATUS_SOCKET = "status.sock"  # the master's, in its job's directory (view/status)
+RELAY_SOCKET = "control.sock"  # the node relay's, in the job's directory on each node (rank/relay)
 # A Unix socket's path holds at most 107 bytes (108 with its NUL, on Linux); a job id is 22 characters.
 MAX_SOCKET_PATH = 107
 _JOB_ID_CHARACTERS = len("20261130-120000-a1b2c3")
@@ -108,6 +108,8 @@ def write_private_file(target: Path, text: str) -> Path:
     """Write `target` as 0600 from the start (never readable by others, even for an instant) through
     a new file (O_EXCL|O_NOFOLLOW: never a file or link someone planted), renamed over `target` (a
     link planted at `target` is replaced, not followed)."""
+    import secrets  # here: a rank agent, which only reads the private file, never needs it
+
     temporary = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
@@ -128,6 +130,16 @@ def stage(job_root: str | Path, job_id: str, payload: PrivatePayload) -> Path:
     directory = create(job_root, job_id)
     write_private(directory, payload)
     return directory
+
+
+def relay_socket_path(directory: Path) -> str:
+    """The node relay's socket as a path short enough for AF_UNIX (108 bytes): a long job root is
+    reached through this process's own descriptor of the directory instead."""
+    path = str(directory / RELAY_SOCKET)
+    if len(path.encode()) < 100:
+        return path
+    fd = os.open(directory, os.O_PATH | os.O_DIRECTORY)
+    return f"/proc/self/fd/{fd}/{RELAY_SOCKET}"
 
 
 def read_private(directory: Path) -> PrivatePayload | None:

@@ -37,21 +37,10 @@ from gaudi_cluster.rank.relay_beats import NodeBeats
 from gaudi_cluster.wire import messages, protocol
 from gaudi_cluster.wire.channel import Channel, Identity, Unsendable, connect_and_authenticate
 
-SOCKET_NAME = "control.sock"
 PID_NAME = "relay.pid"
 LINGER_S = 2.0  # after the last agent left: room for a late one before the relay ends
 STARTER_POLL_S = 0.2
 SAID = 3  # lines said of one kind of trouble from one peer: a stream of them is not a stream of logs
-
-
-def socket_path(job_dir: Path) -> str:
-    """The relay's socket as a path short enough for AF_UNIX (108 bytes): a long job root is reached
-    through this process's own descriptor of the directory instead."""
-    path = str(job_dir / SOCKET_NAME)
-    if len(path.encode()) < 100:
-        return path
-    fd = os.open(job_dir, os.O_PATH | os.O_DIRECTORY)
-    return f"/proc/self/fd/{fd}/{SOCKET_NAME}"
 
 
 class _Link:
@@ -300,7 +289,7 @@ class Relay:
         finally:
             with contextlib.suppress(OSError):
                 listener.close()
-                os.unlink(self.job_dir / SOCKET_NAME)
+                os.unlink(self.job_dir / jobdir.RELAY_SOCKET)
             with contextlib.suppress(OSError):
                 (self.job_dir / PID_NAME).unlink()
             if self.master is not None:
@@ -320,7 +309,7 @@ def say(text: str) -> None:
 
 def listen(job_dir: Path) -> socket.socket:
     """The agents' socket, replacing a dead relay's: only this user may connect (0700 directory)."""
-    path = socket_path(job_dir)
+    path = jobdir.relay_socket_path(job_dir)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -12,14 +12,17 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from gaudi_cluster.rank.relay import SOCKET_NAME, socket_path
+from gaudi_cluster.rank import jobdir
 from gaudi_cluster.wire import messages, protocol
 from gaudi_cluster.wire.channel import Channel
+
+if TYPE_CHECKING:
+    import subprocess
 
 RELAY_MODULE_ARGS = (sys.executable, "-u", "-m", "gaudi_cluster.rank.relay")
 LOCK_NAME = "relay.lock"
@@ -63,17 +66,18 @@ def _relay_link(job_dir: Path, relay_args: list[str], deadline: float) -> Channe
             if relay.poll() is not None:
                 raise ConnectionError(_relay_error(job_dir))
             if time.monotonic() > deadline + RELAY_GRACE_S:  # the relay gives up at the deadline: its reason
-                raise ConnectionError(f"the node relay did not start listening in {job_dir / SOCKET_NAME}")
+                where = job_dir / jobdir.RELAY_SOCKET
+                raise ConnectionError(f"the node relay did not start listening in {where}")
             time.sleep(POLL_S)
         return channel
 
 
 def _connect(job_dir: Path) -> Channel | None:
-    if not (job_dir / SOCKET_NAME).exists():
+    if not (job_dir / jobdir.RELAY_SOCKET).exists():
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.connect(socket_path(job_dir))
+        sock.connect(jobdir.relay_socket_path(job_dir))
     except OSError:  # a dead relay's socket: the next relay replaces it
         sock.close()
         return None
@@ -81,6 +85,8 @@ def _connect(job_dir: Path) -> Channel | None:
 
 
 def _start_relay(job_dir: Path, relay_args: list[str], deadline: float) -> subprocess.Popen[bytes]:
+    import subprocess  # here: only the agent that starts the node's relay needs it
+
     command = [*relay_args, "--connect-timeout", f"{max(1.0, deadline - time.monotonic()):.1f}"]
     with (job_dir / LOG_NAME).open("ab") as log:
         return subprocess.Popen(

@@ -10,7 +10,6 @@ line.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -71,6 +70,8 @@ def zygote_key(env: Mapping[str, str]) -> dict[str, str]:
 def zygote_name(env: Mapping[str, str], python: str) -> str:
     """A warm zygote's name on its node: the same for every rank it may fork (same interpreter, same
     import-time settings), another for any other; names only, never a value, reach the file system."""
+    import hashlib  # here: the agents (zygote_client) never name a zygote
+
     key = json.dumps([python, sorted(zygote_key(env).items())])
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 

@@ -21,14 +21,14 @@ and `gone` (an agent that left without one). A stop or a beat from the master is
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import re
-import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import astuple, dataclass
 from typing import Any
+
+# hashlib, hmac and secrets are imported where they are used: a rank agent (its link to the node's
+# relay is a Unix socket, unsealed) uses none of them, and would load OpenSSL at every start for nothing.
 
 MAX_LINE = 64 * 1024
 BEAT_INTERVAL_S = 1.0  # both ends send a beat every second
@@ -50,14 +50,21 @@ WORK_BUCKETS_PER_NODE = 512
 
 def new_token() -> str:
     """The per-attempt job secret: 256 random bits."""
+    import secrets
+
     return secrets.token_hex(32)
 
 
 def new_nonce() -> str:
+    import secrets
+
     return secrets.token_hex(32)
 
 
 def _mac(token: str, *parts: object) -> str:
+    import hashlib
+    import hmac
+
     message = "\x1f".join(str(part) for part in parts).encode()
     return hmac.new(bytes.fromhex(token), message, hashlib.sha256).hexdigest()
 
@@ -124,6 +131,9 @@ class Session:
     def seal_line(self, body: bytes) -> bytes:
         """The line carrying these bytes (a JSON object's, as `seal` makes them; a test sealing
         garbage, as a node holding the key could, gives any bytes ending in a brace), sealed."""
+        import hashlib
+        import hmac
+
         assert body.endswith(b"}") and len(body) > 2, body[:40]
         self._sent += 1
         signed = body[:-1] + b',"seq":%d' % self._sent
@@ -133,6 +143,9 @@ class Session:
     def open(self, line: bytes) -> bytes:
         """This received line's JSON, its seq kept and its mac left out, once it proved authentic and
         next in order; Unsealed otherwise."""
+        import hashlib
+        import hmac
+
         found = _SEALED_END.search(line)
         if found is None:
             raise Unsealed("no valid session MAC")
@@ -150,6 +163,8 @@ class Session:
 def same_mac(expected: str, given: object) -> bool:
     """Whether a received MAC is the expected one: any text compares (as its UTF-8 bytes), in
     constant time, and nothing else is one."""
+    import hmac
+
     return isinstance(given, str) and hmac.compare_digest(expected.encode(), given.encode(errors="replace"))
 
 
