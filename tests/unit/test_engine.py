@@ -266,8 +266,12 @@ def test_run_node_refuses_a_worker_without_its_own_key(tmp_path, old):
     assert f"{keys}/nodes/{me}:/run/secrets/gaudi-cluster:ro" in words
 
 
-def test_sbatch_pyxis_and_direct_modes_run_the_entrypoint_with_auto():
-    pyxis = shlex.split(dry_run(SBATCH, "job.py", GAUDI_CLUSTER_SLURM_MODE="pyxis").stdout)
+def test_sbatch_pyxis_and_direct_modes_run_the_entrypoint_with_auto(tmp_path):
+    keys = tmp_path / "keys"  # the client key pair only: not the checkout's .keys, whatever it holds
+    keys.mkdir()
+    (keys / "id_ed25519.pub").write_text("ssh-ed25519 AAAA\n")
+    mode = {"GAUDI_CLUSTER_SLURM_MODE": "pyxis", "GAUDI_CLUSTER_KEYS": str(keys)}
+    pyxis = shlex.split(dry_run(SBATCH, "job.py", **mode).stdout)
     assert any(word.startswith("--container-image=gaudi-cluster:gaudi") for word in pyxis)
     assert pyxis[-3:] == ["/opt/gaudi-cluster/entrypoint/entrypoint.sh", "auto", "job.py"]
     direct = shlex.split(dry_run(SBATCH, GAUDI_CLUSTER_SLURM_MODE="direct").stdout)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from gaudi_cluster.rank import agent_beat, jobdir
-from gaudi_cluster.rank.relay import Relay, listen, socket_path
+from gaudi_cluster.rank.relay import Relay, listen
 from gaudi_cluster.supervise.control import ControlEvent, ControlServer, EventKind
 from gaudi_cluster.wire import messages, protocol
 from gaudi_cluster.wire.channel import Channel, Unsendable, encode
@@ -38,7 +38,7 @@ class Node:
     def agent(self, rank: int) -> Channel:
         """A rank's agent on the relay's socket, seated by the master."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.connect(socket_path(self.job_dir))
+        sock.connect(jobdir.relay_socket_path(self.job_dir))
         channel = Channel(sock)
         channel.settimeout(10)
         channel.send(messages.Join(HOST, rank, 1000 + rank, NODE, rank))
