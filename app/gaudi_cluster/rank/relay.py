@@ -265,10 +265,11 @@ class Relay:
 
     # --- main -----------------------------------------------------------------------------------
 
-    def run(self, connect_timeout_s: float) -> int:
+    def run(self, connect_timeout_s: float, starter: int | None = None) -> int:
         # Until it listens, nobody but the agent that started it needs it: a job that ended before
-        # the master admitted this node must not leave it retrying a master that is gone.
-        threading.Thread(target=self._follow_starter, args=(os.getppid(),), daemon=True).start()
+        # the master admitted this node must not leave it retrying a master that is gone. The agent
+        # names itself (starter): read here, after the imports, our parent may already be init.
+        threading.Thread(target=self._follow_starter, args=(starter or os.getppid(),), daemon=True).start()
         try:
             self.connect(connect_timeout_s)
         except ConnectionError as error:
@@ -337,10 +338,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--heartbeat-timeout", required=True, type=float, help="silence that loses the master"
     )
     parser.add_argument("--connect-timeout", type=float, default=30.0)
+    parser.add_argument("--starter-pid", type=int, help="the agent that started it (relay_join)")
     args = parser.parse_args(argv)
     job_dir = jobdir.create(args.job_root, args.job_id)
     relay = Relay(args.job_id, job_dir, args.control, args.heartbeat_timeout)
-    return relay.run(args.connect_timeout)
+    return relay.run(args.connect_timeout, args.starter_pid)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import socket
 import sys
 import time
@@ -88,6 +89,7 @@ def _start_relay(job_dir: Path, relay_args: list[str], deadline: float) -> subpr
     import subprocess  # here: only the agent that starts the node's relay needs it
 
     command = [*relay_args, "--connect-timeout", f"{max(1.0, deadline - time.monotonic()):.1f}"]
+    command += ["--starter-pid", str(os.getpid())]
     with (job_dir / LOG_NAME).open("ab") as log:
         return subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
