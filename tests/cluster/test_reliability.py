@@ -69,6 +69,17 @@ def job_processes(cluster, name: str) -> list[str]:
     ]
 
 
+def ssh_clients(cluster) -> list[str]:
+    """ssh client processes on the master (a shared connection shows as `ssh: ... [mux]`), not sshd."""
+    done = cluster.exec(cluster.master, "ps", "-eo", "pid,rss,args", "--no-headers")
+    found = []
+    for line in done.stdout.splitlines():
+        command = line.split(None, 2)[2].split()[0]
+        if command in ("ssh", "ssh:") or command.endswith("/ssh"):
+            found.append(line)
+    return found
+
+
 def summary_line(log: str) -> str:
     lines = [line for line in log.splitlines() if re.match(r"gaudi-cluster: job \S+ failed:", line)]
     assert len(lines) == 1, log[-3000:]
@@ -90,6 +101,10 @@ def test_killed_worker_stops_the_job_everywhere_and_is_named(make_cluster, launc
     cluster = started_cluster(make_cluster)
     cluster.start_master(long_job(2000), extra_env={"GAUDI_CLUSTER_LAUNCHER": launcher})
     wait_until_training(cluster)
+    if launcher == "direct":
+        # Once the ranks are in, their output and exits travel over the node relays: the launch
+        # sessions have ended and the shared connections with them (issue 33).
+        assert wait_for(lambda: not ssh_clients(cluster), 15), ssh_clients(cluster)
     victim = cluster.worker(2)
     docker("kill", victim)
     killed_at = time.monotonic()

@@ -55,17 +55,27 @@ def test_the_wire_format_keeps_its_fields_and_gains_a_schema():
     """What crosses to the fanout and the nodes, as JSON: the fields and their meaning of before."""
     launch = json.loads(plan_for("direct", inputs()).stdin)
     # Schema 2: the launch gained `srun` (empty outside Slurm: ssh as before); 3: a node's `preimport`;
-    # 4: how long its zygote stays warm (`preimport_keep_s`).
-    assert (launch["schema"], launch["python"], launch["ssh_config"]) == (4, PY, "/j/ssh_config")
+    # 4: how long its zygote stays warm (`preimport_keep_s`); 5: `hand_over` (a node reached over ssh ends
+    # its session once its ranks are seated, their output on the relay: the agents' --output-relay).
+    assert (launch["schema"], launch["python"], launch["ssh_config"]) == (5, PY, "/j/ssh_config")
     assert launch["srun"] == []
     assert [(n["host"], n["here"]) for n in launch["nodes"]] == [("10.0.0.1", True), ("10.0.0.2", False)]
     second = launch["nodes"][1]["spec"]
     assert second == {
-        "schema": 4, "node_rank": 1, "nnodes": 2, "first_rank": 2, "slots": [0, 1], "world_size": 4,
+        "schema": 5, "node_rank": 1, "nnodes": 2, "first_rank": 2, "slots": [0, 1], "world_size": 4,
         "master_addr": "10.0.0.1", "master_port": 29500, "cwd": "/w", "env": {"HCCL_X": "1"}, "python": PY,
-        "agent_args": [*AGENT.args(("PROGRAM",))[:-1], PY, "-u", "/w/train.py", "--lr", "1"],
-        "preimport": True, "preimport_keep_s": 0.0,
+        "agent_args": [*AGENT.args(("PROGRAM",))[:-2], "--output-relay", "--", PY, "-u", "/w/train.py",
+                       "--lr", "1"],
+        "preimport": True, "preimport_keep_s": 0.0, "hand_over": True,
     }  # fmt: skip
+    assert launch["nodes"][0]["spec"]["hand_over"] is False  # this machine: no ssh session to end
+
+
+def test_only_nodes_reached_over_ssh_hand_over_and_the_plan_says_so():
+    assert plan_for("direct", inputs()).hands_over
+    local = plan_for("direct", inputs(local=True, this_node=None, ssh_config_path=None))
+    assert not local.hands_over
+    assert not any(node.spec.hand_over for node in FanoutSpec.from_json(local.stdin).nodes)
 
 
 def test_deepspeed_runner_flags_need_deepspeed():

@@ -237,3 +237,35 @@ def test_a_relay_still_connecting_ends_with_the_agent_that_started_it(tmp_path):
         for process in relays:
             with contextlib.suppress(psutil.NoSuchProcess):
                 process.kill()
+
+
+def test_an_agent_handing_over_sends_its_lines_through_the_relay_and_says_when_seated(cluster):
+    """--output-relay: once seated, the rank's lines go over the relay (in order, a long one cut to fit a
+    line of the channel, none on the agent's stdout, which the node process's ssh session carries) and
+    the agent writes one byte on --ready-fd; its stdout and stderr then hold no descriptor of ours."""
+    server, _, job_dir = cluster
+    ours, theirs = os.pipe()
+    program = "echo first; python3 -c 'print(\"x\" * 100000)'; seq 1 2000; echo last >&2"
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "gaudi_cluster.rank.agent", "--job-id", JOB, "--job-root", str(job_dir.parent),
+         "--heartbeat-timeout", "30", "--connect-timeout", "10", "--control", f"127.0.0.1:{server.port}",
+         "--output-relay", "--ready-fd", str(theirs), "--", "sh", "-c", program],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=job_dir.parent, pass_fds=(theirs,),
+        env={"PYTHONPATH": str(APP), "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "4",
+             "PATH": os.environ["PATH"]},
+    )  # fmt: skip
+    os.close(theirs)
+    assert os.read(ours, 1) == b"1" and os.read(ours, 1) == b""  # seated, then its end closed
+    os.close(ours)
+    stdout, _ = agent.communicate(timeout=30)
+    assert agent.returncode == 0 and stdout == "", stdout
+    assert [e.kind for e in take(server, 2)] == [EventKind.HELLO, EventKind.EXIT]
+    lines = []
+    while not server.output.empty():
+        batch = server.output.get()
+        assert (batch.host, batch.rank) == (HOST, 1)
+        lines += batch.lines
+    assert lines[0] == "first" and lines[2:] == [*map(str, range(1, 2001)), "last"]
+    assert set(lines[1]) == {"x"} and 40_000 < len(lines[1]) < 100_000  # cut to fit one line
+    # The node keeps the whole line in the agent's own log.
+    assert "x" * 100000 in (job_dir / "rank1.log").read_text()

@@ -77,7 +77,7 @@ def test_a_spec_is_frozen_and_keeps_no_caller_list():
 @pytest.mark.parametrize(
     ("data", "match"),
     [
-        pytest.param(spec_dict(schema=1), "schema 1, this end reads 4", id="other-schema"),
+        pytest.param(spec_dict(schema=1), "schema 1, this end reads 5", id="other-schema"),
         pytest.param({k: v for k, v in spec_dict().items() if k != "schema"}, "schema None", id="no-schema"),
         pytest.param(
             {k: v for k, v in spec_dict().items() if k != "cwd"}, r"missing field\(s\) cwd", id="missing"

@@ -6,6 +6,7 @@ to on a node. No Docker needed; each test finishes in a few seconds.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import signal
@@ -31,17 +32,22 @@ from tests.support.ports import held_port
 HOST = socket.gethostname()
 
 
-def launcher_for(job_id: str, port: int, programs: list[str], job_root: Path) -> LaunchPlan:
-    """bash that starts one rank agent per program with RANK set, like launch.py does."""
+def launcher_for(
+    job_id: str, port: int, programs: list[str], job_root: Path, hands_over: bool = False
+) -> LaunchPlan:
+    """bash that starts one rank agent per program with RANK set, like launch.py does; handing over
+    (the direct launcher over ssh), the agents send their lines through the node relay and bash ends
+    once they are seated, as a node process does."""
     agents = []
+    relay = "--output-relay " if hands_over else ""
     for rank, program in enumerate(programs):
         agents.append(
             f"RANK={rank} LOCAL_RANK={rank} WORLD_SIZE={len(programs)} "
             f"{sys.executable} -u -m gaudi_cluster.rank.agent --job-id {job_id} --job-root {job_root} "
-            f"--heartbeat-timeout 5 --control 127.0.0.1:{port} -- bash -c {program!r} &"
+            f"--heartbeat-timeout 5 --control 127.0.0.1:{port} {relay}-- bash -c {program!r} &"
         )
-    script = " ".join(agents) + " wait"
-    return LaunchPlan(argv=("bash", "-c", script), env={}, launcher="test")
+    end = f"sleep 2; ls {job_root}/{job_id}/control.sock >/dev/null" if hands_over else "wait"
+    return LaunchPlan(argv=("bash", "-c", " ".join(agents) + f" {end}"), hands_over=hands_over)
 
 
 def control_server(
@@ -53,7 +59,14 @@ def control_server(
     return ControlServer("127.0.0.1", port, job_id, heartbeat, token, dict.fromkeys(range(ranks), HOST))
 
 
-def supervise(tmp_path: Path, programs: list[str], tee: bool = False, **settings: float):
+def supervise(
+    tmp_path: Path,
+    programs: list[str],
+    tee: bool = False,
+    hands_over: bool = False,
+    plan_says: bool = True,
+    **settings: float,
+):
     job_id = "job-" + str(time.monotonic_ns())
     server = control_server(tmp_path / "jobs", job_id, 0, len(programs), settings.pop("heartbeat", 5.0))
     port = server.port
@@ -61,7 +74,10 @@ def supervise(tmp_path: Path, programs: list[str], tee: bool = False, **settings
     out = io.StringIO()
     supervisor = Supervisor(
         job_id,
-        launcher_for(job_id, port, programs, tmp_path / "jobs"),
+        dataclasses.replace(
+            launcher_for(job_id, port, programs, tmp_path / "jobs", hands_over),
+            hands_over=hands_over and plan_says,
+        ),
         server,
         {HOST: len(programs)},
         SupervisorSettings(
@@ -99,6 +115,25 @@ def test_rank_0_on_the_console_every_rank_in_its_file_and_every_rank_with_tee(tm
     assert (logs / "rank-1.log").read_text() == "hello-from-1\n"
     _, teed, _, _ = supervise(tmp_path / "tee", programs, tee=True)
     assert f"[{HOST} rank 0] hello-from-0" in teed and f"[{HOST} rank 1] hello-from-1" in teed
+
+
+def test_ranks_handed_over_to_their_relay_run_on_after_the_launcher_ends_and_their_lines_arrive(tmp_path):
+    """The direct launcher over ssh: the node process (here bash) ends once its ranks are seated; the
+    ranks' lines then come through the relay, to the console and the rank files as before."""
+    programs = ["echo early-0; sleep 5; echo late-0", "sleep 5; echo late-1; seq 1 3000"]
+    outcome, out, _, _ = supervise(tmp_path / "over", programs, hands_over=True)
+    assert outcome.exit_code == 0 and outcome.failure is None, out
+    assert [line for line in out.splitlines() if "rank" in line] == [
+        f"[{HOST} rank 0] early-0",
+        f"[{HOST} rank 0] late-0",
+    ]
+    logs = tmp_path / "over" / "ranks"
+    assert (logs / "rank-0.log").read_text().splitlines() == ["early-0", "late-0"]
+    assert (logs / "rank-1.log").read_text().splitlines() == ["late-1", *map(str, range(1, 3001))]
+    # The same launcher under a plan that does not say it hands over: its early end is a failure.
+    programs = ["sleep 6", "sleep 6"]
+    failed, _, _, _ = supervise(tmp_path / "not", programs, hands_over=True, plan_says=False)
+    assert failed.failure is not None and failed.failure.cause is FailureCause.LAUNCHER, failed
 
 
 def test_first_failure_stops_the_other_ranks_and_is_named(tmp_path):

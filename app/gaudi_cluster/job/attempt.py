@@ -97,6 +97,13 @@ def prepare_attempt(
         raise
 
 
+def all_in(survey: NodeSurvey, job_root: str) -> None:
+    """Every rank checked in (each agent has read its private file, each node's ranks speak through
+    its relay): the private files go, and so do the ssh connections the launch no longer needs."""
+    cleanup.remove_private_files(survey, job_root)
+    survey.reach.release()
+
+
 def run_attempt(job: PreparedJob, context: AttemptContext) -> AttemptResult:
     """Run one attempt under supervision; whatever it leaves behind is reaped on every node."""
     settings, out = context.settings, context.out
@@ -123,7 +130,7 @@ def run_attempt(job: PreparedJob, context: AttemptContext) -> AttemptResult:
         job.ranks_by_host,
         settings.supervise,
         out,
-        on_all_started=lambda: cleanup.remove_private_files(job.survey, settings.job_root),
+        on_all_started=lambda: all_in(job.survey, settings.job_root),
         on_first_step=report_plot.warm_up_plotting,
         rank_logs=RankLogs(job.job_dir / RANKS_DIR),
     )

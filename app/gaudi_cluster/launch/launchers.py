@@ -6,6 +6,7 @@ and returns the command without running it (`plan()`), as DeepSpeed's multinode_
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import sys
@@ -305,8 +306,10 @@ class DirectLauncher:
 
     def nodes(self, inputs: PlanInputs) -> tuple[NodeEntry, ...]:
         entries, first = [], 0
-        agent_args = tuple(inputs.agent.args(inputs.program))
+        agent = dataclasses.replace(inputs.agent, output_to_relay=True)
+        agent_args = tuple(agent.args(inputs.program))
         for index, entry in enumerate(inputs.hostfile.entries):
+            here = _is_here(inputs, entry.host)
             spec = NodeSpec(
                 node_rank=index,
                 nnodes=len(inputs.hostfile.entries),
@@ -321,8 +324,10 @@ class DirectLauncher:
                 agent_args=agent_args,
                 preimport=inputs.preimport,
                 preimport_keep_s=inputs.preimport_keep_s,
+                # Over ssh (not here, not an srun task, whose step would end with it), supervised.
+                hand_over=not here and not inputs.srun and agent.control is not None,
             )
-            entries.append(NodeEntry(entry.host, _is_here(inputs, entry.host), spec))
+            entries.append(NodeEntry(entry.host, here, spec))
             first += entry.slots
         return tuple(entries)
 
@@ -332,9 +337,11 @@ class DirectLauncher:
             raise ConfigError(f"{', '.join(flags)} need DeepSpeed's launcher; fix: --launcher deepspeed")
         # A dry run writes no ssh config: the spec shows where it would be.
         ssh_config = inputs.ssh_config_path or "(the job's ssh config)"
-        launch = FanoutSpec(inputs.python, ssh_config, self.nodes(inputs), srun=inputs.srun)
+        nodes = self.nodes(inputs)
+        launch = FanoutSpec(inputs.python, ssh_config, nodes, srun=inputs.srun)
         argv = (inputs.python, "-u", "-m", FANOUT_MODULE)
-        return LaunchPlan(argv, {}, self.name, stdin=launch.to_json())
+        hands_over = any(node.spec.hand_over for node in nodes)
+        return LaunchPlan(argv, {}, self.name, stdin=launch.to_json(), hands_over=hands_over)
 
 
 LAUNCHERS: Mapping[LauncherName, type[Launcher]] = {

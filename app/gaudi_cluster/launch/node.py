@@ -12,7 +12,9 @@ agents connect to the node's zygote for the ranks' import-time settings (rank/zy
 previous attempt or job left, else a new one that imports the heavy libraries once while the agents
 join (and retires the node's zygote of other settings); it forks the ranks. It
 exits when every agent has, with the first failing agent's code; SIGTERM/SIGINT/SIGHUP reach every
-agent.
+agent. With `hand_over` (a node the master reached over ssh) it exits 0 as soon as every agent is
+seated: the ranks' output and exits then travel only over the node relay, so the ssh session that
+started this process, and the master's ssh client with it, can end while the job runs.
 """
 
 from __future__ import annotations
@@ -54,9 +56,26 @@ def rank_environments(spec: NodeSpec, base: Mapping[str, str]) -> list[dict[str,
     ]
 
 
-def agent_command(spec: NodeSpec, zygote_fd: int | None = None) -> list[str]:
+def agent_command(spec: NodeSpec, zygote_fd: int | None = None, ready_fd: int | None = None) -> list[str]:
     given = [] if zygote_fd is None else ["--zygote-fd", str(zygote_fd)]
+    if ready_fd is not None:
+        given += ["--ready-fd", str(ready_fd)]
     return [spec.python, "-u", "-m", AGENT_MODULE, *given, *spec.agent_args]
+
+
+def all_seated(ready: Sequence[int]) -> bool:
+    """Whether every agent said it was seated (one byte on its ready pipe) before any of them ended
+    (its end of the pipe closed with nothing written): the node's ranks can then do without us."""
+    for fd in ready:
+        try:
+            said = os.read(fd, 1)
+        except OSError:
+            said = b""
+        finally:
+            os.close(fd)
+        if not said:
+            return False
+    return True
 
 
 def zygote_environment(rank_env: Mapping[str, str]) -> dict[str, str]:
@@ -205,20 +224,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     envs = rank_environments(spec, os.environ)
     zygote = start_zygote(spec, zygote_environment(envs[0]), len(envs)) if wants_zygote(spec) else None
     ends: list[socket.socket | None] = list(zygote.conns) if zygote else [None] * len(envs)
+    ready: list[int] = []  # our ends of the agents' ready pipes (spec.hand_over)
     try:
         agents = []
         for env, end in zip(envs, ends, strict=True):
-            fd = None if end is None else end.fileno()
-            command = agent_command(spec, fd)
-            agents.append(
-                subprocess.Popen(
-                    command,
-                    env=env,
-                    cwd=spec.cwd,
-                    stdin=subprocess.DEVNULL,
-                    pass_fds=() if fd is None else (fd,),
+            fds = [] if end is None else [end.fileno()]
+            ready_fd = None
+            if spec.hand_over:
+                ours, ready_fd = os.pipe()
+                ready.append(ours)
+                fds.append(ready_fd)
+            command = agent_command(spec, None if end is None else end.fileno(), ready_fd)
+            try:
+                agents.append(
+                    subprocess.Popen(command, env=env, cwd=spec.cwd, stdin=subprocess.DEVNULL, pass_fds=fds)
                 )
-            )
+            finally:
+                if ready_fd is not None:
+                    os.close(ready_fd)
     except OSError as error:
         print(
             f"gaudi-cluster[node]: error: cannot start the rank agents in {spec.cwd}: {error.strerror}",
@@ -237,6 +260,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for end in ends:
         if end is not None:
             end.close()
+    if ready and all_seated(ready):
+        # Every rank is seated and speaks through the node relay, output included: the launch's ssh
+        # session ends here and no ssh client stays on the master for this node. The agents live on
+        # (reparented), stopped by the master through the relay or by its silence.
+        return 0
     codes = [agent.wait() for agent in agents]
     if zygote and zygote.leaves_with_us:
         zygote.leaves_with_us.wait()  # not warm (Slurm): nothing of the job outlives this process

@@ -27,6 +27,9 @@ class LaunchPlan:
     env: Mapping[str, str] = field(default_factory=dict)
     launcher: str = ""
     stdin: str | None = None  # the launcher's whole standard input (the direct launcher's node specs)
+    # Whether the launcher may end with exit code 0 while its ranks run on: it handed them over to
+    # their node relays once they were seated (the direct launcher's nodes reached over ssh).
+    hands_over: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
@@ -57,6 +60,9 @@ class AgentSettings:
     local_rank_arg: bool = False  # pass --local_rank=N to the script (DeepSpeed's default); else env only
     # Where the job writes, resolved once on the master, so no agent guesses it from the program's argv.
     output_dir: str | None = None
+    # Once seated, the rank's lines go over its node relay, not the launcher's output (the direct
+    # launcher: no ssh session has to carry them).
+    output_to_relay: bool = False
 
     def args(self, program: Sequence[str]) -> list[str]:
         if not program:
@@ -71,6 +77,8 @@ class AgentSettings:
             args.append("--local-rank-arg")
         if self.output_dir:
             args += ["--output-dir", self.output_dir]
+        if self.output_to_relay and self.control:
+            args.append("--output-relay")
         return [*args, "--", *program]
 
 

@@ -53,6 +53,10 @@ class Reach(Protocol):
         label: str = "gc-run",
     ) -> dict[str, Reply]: ...
 
+    def release(self) -> None:
+        """The job's ranks are in: hold nothing open for them (a later run connects anew)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -87,6 +91,9 @@ class LocalReach:
             host: Reply(host, done.returncode == 0, tuple(done.stdout.splitlines()), _why(done))
             for host, done in finished.items()
         }
+
+    def release(self) -> None:
+        return None
 
     def close(self) -> None:
         return None
@@ -133,6 +140,15 @@ class SshReach:
             )
             for host, result in results.items()
         }
+
+    def release(self) -> None:
+        """Once the ranks are in, the shared connections stop taking sessions and end with their last
+        one (the launch sessions end once their node's ranks are seated): at 1,000 nodes that is
+        1,000 ssh processes the master does not keep for the job. A later run (a reap, the release,
+        a checkpoint hand-over) connects on its own."""
+        if self.opened:
+            ssh.close_connections(sorted(self.opened), self.config, how="stop")
+            self.opened.clear()
 
     def close(self) -> None:
         """Close the shared ssh connections and remove their sockets (idempotent)."""
@@ -181,6 +197,9 @@ class SrunReach:
             why = _why_step(host, done, errors) if failed else ""
             replies[host] = Reply(host, not failed, tuple(outputs.get(host, ())), why)
         return replies
+
+    def release(self) -> None:
+        return None
 
     def close(self) -> None:
         return None

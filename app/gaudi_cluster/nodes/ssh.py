@@ -239,10 +239,11 @@ def open_connections(hosts: Sequence[str], config: Path, timeout_s: float) -> li
     return [host for host, done in finished.items() if done.returncode != 0]
 
 
-def close_connections(hosts: Iterable[str], config: Path) -> None:
-    """End the shared connections, all at once (`ssh -O exit` talks to the local master process only:
-    it never waits on an unreachable node)."""
-    commands = {host: ["ssh", "-F", str(config), "-O", "exit", "--", host] for host in hosts}
+def close_connections(hosts: Iterable[str], config: Path, how: str = "exit") -> None:
+    """End the shared connections, all at once (`ssh -O` talks to the local master process only: it
+    never waits on an unreachable node). how="exit": at once, with any session riding them; "stop":
+    each stops taking sessions and ends with its last one (a later session connects on its own)."""
+    commands = {host: ["ssh", "-F", str(config), "-O", how, "--", host] for host in hosts}
     parallel.run_all(commands, timeout_s=5)
 
 

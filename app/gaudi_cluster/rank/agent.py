@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from gaudi_cluster.rank import agent_beat, jobdir, procgroup, relay_join
 from gaudi_cluster.rank.conventions import output_dir_in, rank_identity, with_local_rank
 from gaudi_cluster.wire import messages, private_args
-from gaudi_cluster.wire.channel import Channel
+from gaudi_cluster.wire.channel import Channel, Unsendable
 from gaudi_cluster.wire.protocol import BEAT_INTERVAL_S
 
 if TYPE_CHECKING:
@@ -60,8 +60,15 @@ class RankAgent:
         local_rank_arg: bool = False,
         output_dir: str | None = None,
         zygote: zygote_client.ZygoteLink | None = None,
+        output_to_relay: bool = False,
+        ready_fd: int | None = None,
     ) -> None:
         self.job_id = job_id
+        # The direct launcher's ranks: once seated, the output goes over the relay's connection, and
+        # the node process learns it on ready_fd (then it may end the ssh session that started it).
+        self.output_to_relay = output_to_relay
+        self.ready_fd = ready_fd
+        self._relayed = False
         self.zygote = zygote  # the node's pre-imported parent (rank/zygote), when the node runs one
         self.program = list(program)
         # The master names it (--output-dir); an agent started by hand reads it off the program.
@@ -156,14 +163,23 @@ class RankAgent:
     # --- output ---------------------------------------------------------------------------------
 
     def say(self, text: str) -> None:
-        self._emit(f"gaudi-cluster[rank]: {text}".encode())
+        self._emit([f"gaudi-cluster[rank]: {text}".encode()])
 
-    def _emit(self, line: bytes) -> None:
-        self.tail.append(line.decode(errors="replace"))
-        out = self.prefix + line + b"\n"
+    def _emit(self, lines: list[bytes]) -> None:
+        texts = [line.decode(errors="replace") for line in lines]
+        self.tail.extend(texts)
+        out = b"".join(self.prefix + line + b"\n" for line in lines)
         with contextlib.suppress(OSError):
             self._log.write(out)
             self._log.flush()
+        if self._relayed and self.channel is not None:
+            for batch in messages.output_batches(texts):
+                try:
+                    if not self.channel.send(batch):
+                        break  # the master is gone: the rank is being stopped, the local log keeps them
+                except Unsendable:
+                    continue  # a batch fits a line by construction; the local log keeps it anyway
+            return
         if self._stdout_ok:
             try:
                 sys.stdout.buffer.write(out)
@@ -173,6 +189,24 @@ class RankAgent:
                 # supervision and keep the local log.
                 self._stdout_ok = False
 
+    def _hand_over_output(self) -> None:
+        """From the seat on, the rank's lines take the relay's connection; what else this process
+        writes (a traceback, a library's warning) goes to the node's own rank log instead of the launch
+        session, so that nothing of ours holds that session open. Then the node process is told."""
+        if self.output_to_relay and self.channel is not None:
+            self._relayed = True
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(self._log.fileno(), 1)
+            os.dup2(self._log.fileno(), 2)
+            if self.ready_fd is not None:
+                with contextlib.suppress(OSError):
+                    os.write(self.ready_fd, b"1")
+        if self.ready_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.ready_fd)
+            self.ready_fd = None
+
     def pump_output(self) -> None:
         assert self.child is not None and self.child.stdout is not None
         pending = b""
@@ -180,10 +214,10 @@ class RankAgent:
             self.last_output = time.monotonic()
             pending += chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
             *lines, pending = pending.split(b"\n")
-            for line in lines:
-                self._emit(line)
+            if lines:
+                self._emit(lines)
         if pending:
-            self._emit(pending)
+            self._emit([pending])
 
     # --- control channel ------------------------------------------------------------------------
 
@@ -266,6 +300,7 @@ class RankAgent:
             except ConnectionError as error:
                 self.say(f"error: {error}; the rank is not started without supervision")
                 return 1
+        self._hand_over_output()
         if self.missing:
             self.say(f"error: {self.missing}")
             self._report(2, None)
@@ -356,6 +391,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--zygote-fd", type=int, help="this agent's socket to the node's zygote (launch/node passes it)"
     )
+    parser.add_argument(
+        "--output-relay",
+        action="store_true",
+        help="once seated, send the rank's output over the node relay instead of stdout (direct launcher)",
+    )
+    parser.add_argument(
+        "--ready-fd", type=int, help="write one byte here once seated with --output-relay (launch/node)"
+    )
     parser.add_argument("program", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
@@ -376,6 +419,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         local_rank_arg=args.local_rank_arg,
         output_dir=args.output_dir,
         zygote=zygote,
+        output_to_relay=args.output_relay,
+        ready_fd=args.ready_fd,
     )
     return agent.run()
 

@@ -4,8 +4,9 @@ The first agent of a job on a node starts it (`relay_join`); it authenticates to
 node (role "node", the node's key from the private file), then listens on a Unix socket in the
 job's directory (0700, and every peer's uid checked) for the node's agents. Each agent's lines come
 to the relay; the master gets one `summary` a second for the whole node (`relay_beats`: what the
-master's per-rank bookkeeping would work out, at a per-node cost), each rank's exit at once, and
-`gone` for an agent that left without one. The master's stops and beats go to every agent, so an
+master's per-rank bookkeeping would work out, at a per-node cost), the ranks' output lines as they
+come (the direct launcher's: no ssh session carries them), each rank's exit at once, and `gone` for
+an agent that left without one. The master's stops and beats go to every agent, so an
 agent keeps its own rules: it stops its rank when the master's beats stop or its link closes. The
 relay ends once its last agent has left (or the master has: then every agent is cut off, which
 stops its rank at once).
@@ -221,6 +222,8 @@ class Relay:
             elif isinstance(message, messages.Beat):
                 with self.lock:
                     self.beats.record(link.rank, message)
+            elif isinstance(message, messages.Output):
+                self.send_master(replace(message, rank=link.rank))
             elif isinstance(message, messages.Exit):
                 link.exited = True
                 with self.lock:  # its work times not yet sent go first: the report has every step

@@ -1,4 +1,5 @@
-"""Where the launcher's output lines go: every rank line into its rank's file, some onto the console.
+"""Master: where the ranks' lines go (the launcher's output, or a node relay's `output` messages):
+every rank line into its rank's file, some onto the console.
 
 The console shows one line per event: rank 0's lines (every rank's with --tee), the launcher's own
 lines, and the master's. The ranks of a data-parallel job print the same thing N times, so the others'
@@ -13,7 +14,8 @@ import collections
 import contextlib
 import logging
 import re
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -103,7 +105,8 @@ class RankLogs:
 
 
 class RankOutput:
-    """Routes each line of the launcher's output (called from the one thread that reads it)."""
+    """Routes each line of the launcher's output and each line a relay carried (from the two threads
+    that read them: one at a time)."""
 
     def __init__(
         self,
@@ -120,21 +123,37 @@ class RankOutput:
         self.quiet = False  # set once the attempt is over: the files still get every line
         # The launcher's own last lines, for the failure report when it ends on its own.
         self.tail: collections.deque[str] = tail if tail is not None else collections.deque(maxlen=30)
+        self._lock = threading.Lock()
 
     def route(self, line: str) -> None:
         parsed = rank_line(line)
-        if parsed is None:
+        with self._lock:
+            if parsed is not None:
+                self._rank_line(parsed.host, parsed.rank, parsed.text)
+                return
             self.tail.append(line)
             if self.quiet:
                 return
             remote = _PDSH_LINE.match(line)
             shown = mask_secrets(line)  # DeepSpeed's runner logs its pdsh command, values included
             self.show(f"[{remote['host']}] {remote['rest']}" if remote else f"[launcher] {shown}")
-            return
+
+    def route_rank(self, host: str, rank: int, lines: Iterable[str]) -> None:
+        """A rank's lines as its node's relay carried them (no prefix to parse)."""
+        with self._lock:
+            for text in lines:
+                self._rank_line(host, rank, text)
+
+    def flush(self) -> None:
         if self.logs is not None:
-            self.logs.write(parsed.rank, parsed.text)
-        bar = progress_text(parsed.text)
+            with self._lock:
+                self.logs.flush()
+
+    def _rank_line(self, host: str, rank: int, text: str) -> None:
+        if self.logs is not None:
+            self.logs.write(rank, text)
+        bar = progress_text(text)
         if bar is not None:
-            self.progress(f"rank {parsed.rank}: {bar}")
-        elif parsed.text.strip() and (self.tee or parsed.rank == 0) and not self.quiet:
-            self.show(f"[{parsed.host} rank {parsed.rank}] {parsed.text}")
+            self.progress(f"rank {rank}: {bar}")
+        elif text.strip() and (self.tee or rank == 0) and not self.quiet:
+            self.show(f"[{host} rank {rank}] {text}")

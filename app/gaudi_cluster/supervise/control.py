@@ -58,6 +58,15 @@ class ControlEvent:
     reason: str = ""
 
 
+@dataclass(frozen=True)
+class RankLines:
+    """Lines a rank printed, as its node's relay carried them (the direct launcher's ranks)."""
+
+    host: str
+    rank: int
+    lines: tuple[str, ...]
+
+
 class _Agent(Connection):
     """A peer of the control port: its handshake until it is seated, then its session and the state
     of its rank (a rank's own connection) or of its node's ranks (a node relay's)."""
@@ -100,6 +109,9 @@ class ControlServer(SelectorServer):
         self.job_id = job_id
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.events: queue.Queue[ControlEvent] = queue.Queue()
+        # The ranks' output, for the supervisor's console and rank logs: put in the order it came,
+        # ahead of the exit that follows it.
+        self.output: queue.SimpleQueue[RankLines] = queue.SimpleQueue()
         self.gate = Gate(job_id, token, expected, nodes, addresses)
         self._clock = clock
         self.ranks = RankTable()  # read by other threads (the supervisor, status, metrics)
@@ -301,13 +313,18 @@ class ControlServer(SelectorServer):
         self.events.put(event)
 
     def _record_for_node(self, conn: _Agent, message: messages.Message) -> None:
-        """A relay's message: a rank joining, the node's summary, a rank's exit or its agent gone."""
+        """A relay's message: a rank joining, the node's summary, a rank's output lines, a rank's exit
+        or its agent gone."""
         now = self._clock()
         if isinstance(message, messages.Join):
             self._join(conn, message)
             return
         if isinstance(message, messages.Summary):
             self.ranks.heard_summary(conn.ranks, now, message)
+            return
+        if isinstance(message, messages.Output):
+            if message.rank is not None and (agent := conn.ranks.get(message.rank)) is not None:
+                self.output.put(RankLines(agent.host, agent.rank, message.lines))
             return
         self.ranks.heard(conn.ranks.values(), now)
         if not isinstance(message, messages.Exit | messages.Gone) or message.rank is None:

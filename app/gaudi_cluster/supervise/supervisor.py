@@ -145,8 +145,7 @@ class Supervisor:
                 if not selector.select(timeout=0.1):
                     if self._pump_stop.is_set():
                         break  # nothing more for now, and run() is done: what comes later is lost
-                    if self.rank_logs is not None:
-                        self.rank_logs.flush()  # a quiet moment: `tail -f` on a rank's file is current
+                    self.console.flush()  # a quiet moment: `tail -f` on a rank's file is current
                     continue
                 chunk = os.read(fd, 65536)
                 if not chunk:
@@ -156,8 +155,25 @@ class Supervisor:
                     self.console.route(raw.decode(errors="replace"))
         if pending:
             self.console.route(pending.decode(errors="replace"))
-        if self.rank_logs is not None:
-            self.rank_logs.close()
+
+    def _pump_relayed(self) -> None:
+        """Route the lines the node relays carried (the direct launcher's ranks') until run() says
+        stop, and then what had come by then."""
+        while True:
+            try:
+                batch = self.server.output.get(timeout=0.1)
+            except queue.Empty:
+                if self._pump_stop.is_set():
+                    return
+                self.console.flush()  # a quiet moment: `tail -f` on a rank's file is current
+                continue
+            self.console.route_rank(batch.host, batch.rank, batch.lines)
+
+    def _settle_relayed(self, timeout_s: float) -> None:
+        """The relays' lines that came before the ranks' exits reach the console before it goes quiet."""
+        deadline = self.clock() + timeout_s
+        while not self.server.output.empty() and self.clock() < deadline:
+            time.sleep(0.02)
 
     # --- signals --------------------------------------------------------------------------------
 
@@ -190,6 +206,8 @@ class Supervisor:
             ) from None
         pump = threading.Thread(target=self._pump_launcher, name="launcher-output")
         pump.start()
+        relayed = threading.Thread(target=self._pump_relayed, name="relayed-output")
+        relayed.start()
         try:
             outcome = self._watch(started)
             failed = outcome.state is JobState.FAILED
@@ -199,6 +217,7 @@ class Supervisor:
             # session riding a shared connection hands its output pipe to that connection's process,
             # which holds it open for as long as a cut-off node leaves the connection up.
             pump.join(timeout=0.3 if outcome.state is JobState.FAILED else 5)
+            self._settle_relayed(timeout_s=0.3 if outcome.state is JobState.FAILED else 5)
         finally:
             # Every thread of this attempt ends here, whatever happened: one still writing to the
             # console while the interpreter exits can abort it (SIGABRT, exit 134). What the console
@@ -206,6 +225,9 @@ class Supervisor:
             self.console.quiet = True
             self._pump_stop.set()
             pump.join()
+            relayed.join()
+            if self.rank_logs is not None:
+                self.rank_logs.close()
             if self._all_started_work is not None:
                 self._all_started_work.join(timeout=15)
         self.view.close()
@@ -248,7 +270,7 @@ class Supervisor:
                 return JobOutcome.succeeded(ranks_seen)
             now = self.clock()
             assert self.launcher is not None
-            if self.launcher.poll() is not None:
+            if self.launcher.poll() is not None and not self._handed_over():
                 # Rank reports travel on another socket: give them a moment to arrive first.
                 launcher_exit_seen_at = launcher_exit_seen_at or now
                 if now - launcher_exit_seen_at > 3.0 and self.server.events.empty():
@@ -293,6 +315,12 @@ class Supervisor:
         reason = event.reason or "lost"
         self.lost_hosts.add(event.host)
         return RankFailure.lost(event.host, event.rank, reason)
+
+    def _handed_over(self) -> bool:
+        """The launcher ended as planned while its ranks run on: it handed them to their node relays
+        (the direct launcher's ssh sessions end once a node's ranks are seated)."""
+        assert self.launcher is not None
+        return self.plan.hands_over and self.launcher.returncode == 0
 
     def _launcher_failure(self, finished: int) -> RankFailure:
         assert self.launcher is not None

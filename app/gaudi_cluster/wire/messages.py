@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 import json
 import math
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
@@ -44,6 +44,7 @@ class MessageType(enum.Enum):
     SEATED = "seated"  # master -> relay -> agent: the rank may start
     BEAT = "beat"  # both ways: a sign of life (from an agent, its rank's progress)
     SUMMARY = "summary"  # relay -> master: every rank of the node, once a second
+    OUTPUT = "output"  # agent -> relay -> master: a rank's output lines (the direct launcher's)
     EXIT = "exit"  # agent -> relay -> master: a rank ended
     GONE = "gone"  # relay -> master: an agent left without an exit
     STOP = "stop"  # master -> relay -> agent: stop the rank
@@ -299,6 +300,49 @@ def _work(entry: object) -> tuple[int, tuple[tuple[int, float, int], ...]]:
 
 
 @dataclass(frozen=True, slots=True)
+class Output:
+    """A rank's output lines, in order, as its agent read them (no prefix: the master knows whose they
+    are). They take the relay's connection instead of the launch's ssh session, which can then end
+    once the node's ranks are seated. `rank` is set by the relay."""
+
+    lines: tuple[str, ...]
+    rank: int | None = None
+    TYPE: ClassVar[MessageType] = MessageType.OUTPUT
+
+    @classmethod
+    def parse(cls, message: Mapping[str, Any]) -> Output:
+        lines = message.get("lines")
+        if (
+            type(lines) is not list
+            or not 0 < len(lines) <= protocol.OUTPUT_MAX_LINES
+            or not all(type(line) is str for line in lines)
+        ):
+            raise BadMessage(f"lines is not a list of 1 to {protocol.OUTPUT_MAX_LINES} texts")
+        return cls(tuple(lines), rank_of(message, required=False))
+
+
+def output_batches(lines: Sequence[str]) -> list[Output]:
+    """Lines as the fewest `output` messages that each fit a line of the channel, in order; a line
+    longer than a message can carry alone is cut to fit (the node's own rank log keeps it whole)."""
+    batches: list[Output] = []
+    batch: list[str] = []
+    size = 0
+    for whole in lines:
+        line, cost = whole, len(json.dumps(whole)) + 1
+        while cost > protocol.OUTPUT_BATCH_BYTES:  # escapes make a character cost 1 to 12 bytes
+            line = line[: len(line) * protocol.OUTPUT_BATCH_BYTES // cost - 1]
+            cost = len(json.dumps(line)) + 1
+        if batch and (size + cost > protocol.OUTPUT_BATCH_BYTES or len(batch) == protocol.OUTPUT_MAX_LINES):
+            batches.append(Output(tuple(batch)))
+            batch, size = [], 0
+        batch.append(line)
+        size += cost
+    if batch:
+        batches.append(Output(tuple(batch)))
+    return batches
+
+
+@dataclass(frozen=True, slots=True)
 class Exit:
     """A rank ended: its exit code, the signal that ended it, its last lines, why it was stopped.
     `rank` is set by the relay (an agent's own link names its rank already)."""
@@ -374,19 +418,50 @@ class Stop:
         return cls(optional_number(message, "grace"), reason[:1024] if reason else None)
 
 
-Message = Challenge | Hello | Welcome | Proof | Refused | Join | Seated | Beat | Summary | Exit | Gone | Stop
+Message = (
+    Challenge
+    | Hello
+    | Welcome
+    | Proof
+    | Refused
+    | Join
+    | Seated
+    | Beat
+    | Summary
+    | Output
+    | Exit
+    | Gone
+    | Stop
+)
+_MESSAGE_KINDS = (
+    Challenge,
+    Hello,
+    Welcome,
+    Proof,
+    Refused,
+    Join,
+    Seated,
+    Beat,
+    Summary,
+    Output,
+    Exit,
+    Gone,
+    Stop,
+)
 _PARSERS: dict[str, Callable[[Mapping[str, Any]], Message]] = {
-    kind.TYPE.value: kind.parse
-    for kind in (Challenge, Hello, Welcome, Proof, Refused, Join, Seated, Beat, Summary, Exit, Gone, Stop)
+    kind.TYPE.value: kind.parse for kind in _MESSAGE_KINDS
 }
 
 # Which kinds each reader takes (anything else is dropped as unexpected).
 TO_MASTER_HANDSHAKE = frozenset({MessageType.HELLO, MessageType.PROOF})
 FROM_AGENT_SESSION = frozenset({MessageType.BEAT, MessageType.EXIT})  # an agent's own connection
-FROM_RELAY_SESSION = frozenset({MessageType.JOIN, MessageType.SUMMARY, MessageType.EXIT, MessageType.GONE})
+FROM_RELAY_SESSION = frozenset(
+    {MessageType.JOIN, MessageType.SUMMARY, MessageType.OUTPUT, MessageType.EXIT, MessageType.GONE}
+)
 FROM_MASTER_HANDSHAKE = frozenset({MessageType.CHALLENGE, MessageType.WELCOME, MessageType.REFUSED})
 FROM_MASTER = frozenset({MessageType.SEATED, MessageType.REFUSED, MessageType.STOP, MessageType.BEAT})
-FROM_AGENT = frozenset({MessageType.JOIN, MessageType.BEAT, MessageType.EXIT})  # at the relay's socket
+# at the relay's socket
+FROM_AGENT = frozenset({MessageType.JOIN, MessageType.BEAT, MessageType.OUTPUT, MessageType.EXIT})
 ANY = frozenset(MessageType)
 
 

@@ -21,7 +21,7 @@ NODE_MODULE = "gaudi_cluster.launch.node"
 ZYGOTE_MODULE = "gaudi_cluster.rank.zygote"
 
 # Changes whenever a field changes meaning, so that a node running another image says so at once.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 class NodeSpecError(ValueError):
@@ -46,6 +46,9 @@ class NodeSpec:
     preimport: bool = True  # start the ranks from a pre-imported zygote where safe (rank/zygote)
     # How long the node's zygote stays warm once idle, for the next attempt or job (0: it leaves with them).
     preimport_keep_s: float = 0.0
+    # Once every rank is seated the node process exits and the ranks live on under the node relay
+    # (their output goes there too): set for a node reached over ssh, so its session ends.
+    hand_over: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "slots", tuple(self.slots))
@@ -68,6 +71,7 @@ class NodeSpec:
             "agent_args": list(self.agent_args),
             "preimport": self.preimport,
             "preimport_keep_s": self.preimport_keep_s,
+            "hand_over": self.hand_over,
         }
 
     def to_json(self) -> str:
@@ -90,6 +94,7 @@ class NodeSpec:
             agent_args=_texts(fields, "agent_args"),
             preimport=_flag(fields, "preimport"),
             preimport_keep_s=_seconds(fields, "preimport_keep_s"),
+            hand_over=_flag(fields, "hand_over"),
         )
         if spec.node_rank >= spec.nnodes:
             raise NodeSpecError(f"node spec: node_rank {spec.node_rank} is not below nnodes {spec.nnodes}")

@@ -15,8 +15,9 @@ A node relay (`rank.relay`) holds its node's one connection for all its ranks: i
 "node" and carries no rank (the MACs name rank NODE_RANK), and its session then carries `join` (a rank
 asks for its seat, answered `seated` or `refused`), one `summary` a second for every rank of the
 node (flat lists of steps, progress ages and newest timed steps; a rank's median work per step and its
-steady fields only when they changed; work-history buckets every WORK_FLUSH_S), each rank's `exit`,
-and `gone` (an agent that left without one). A stop or a beat from the master is for every rank of the node.
+steady fields only when they changed; work-history buckets every WORK_FLUSH_S), the direct launcher's
+ranks' `output` lines, each rank's `exit`, and `gone` (an agent that left without one). A stop or a
+beat from the master is for every rank of the node.
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ BEAT_INTERVAL_S = 1.0  # both ends send a beat every second
 HANDSHAKE_TIMEOUT_S = 5.0
 TAIL_MAX_LINES = 30
 TAIL_MAX_CHARS = 2048
+# A rank's output travels in `output` messages of at most this many lines, each sealed line under
+# OUTPUT_BATCH_BYTES of JSON (room for the seal within MAX_LINE); a longer line is cut there.
+OUTPUT_MAX_LINES = 256
+OUTPUT_BATCH_BYTES = 48 * 1024
 WORK_PER_BEAT = 16  # a beat stays well under 1 KB
 MAX_WORK_S = 1e9  # a step's work time past 30 years is garbage; below it a relay's sums stay small
 LAST_LINE_CHARS = 160
