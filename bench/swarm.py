@@ -327,7 +327,14 @@ def run(ctx: Ctx) -> list[Row]:
         if SIZES[-1] in sizes:
             measure("ours", SIZES[-1], "soak", straggler_check=False)
     rows = build(
-        results, sizes, PER_NODE, HEARTBEAT_S, CHECKIN_CAP_S, swarm_fanout.held_per_node(fanout), PARTS
+        results,
+        sizes,
+        PER_NODE,
+        HEARTBEAT_S,
+        CHECKIN_CAP_S,
+        swarm_fanout.held_per_node(fanout),
+        PARTS,
+        swarm_fanout.held_per_node(fanout, "held_at_launch"),
     )
     rows += swarm_fanout.rows(fanout)
     if ONLY or set(ALL_PARTS) != PARTS:

@@ -8,7 +8,9 @@ The anchors run the same probe stub over the same fake: `pdsh -R ssh -f 64` and 
 
   probe_s     open_connections start -> every node's report read (the survey's ssh part)
   teardown_s  reap start -> every stub's reap done, every control master gone, no ssh child left
-  held        control masters alive once the probe is done (what the master holds through the job)
+  held_at_launch  control masters alive once the probe is done (the launch sessions ride them)
+  held        control masters alive once the ranks are in and Reach.release stopped them (what the
+              master holds through the job: none, the direct launcher's sessions ended by then)
 
   python -m bench.swarm_fanout master --nodes N --dir D   (the master's side of one run)
 """
@@ -103,6 +105,11 @@ def master(nodes: int, state: Path) -> dict[str, Any]:
         reach, hosts, command, lambda host: PrivatePayload(host, "0" * 64), began + 120
     )
     probed = time.monotonic()
+    at_launch = len(held_masters(state))
+    reach.release()  # what the master does once every rank is in (job/attempt.all_in)
+    settled = time.monotonic() + 2.0  # a stopped master ends with its last session: there is none here
+    while held_masters(state) and time.monotonic() < settled:
+        time.sleep(0.01)
     held = len(held_masters(state))
     survey = NodeSurvey(
         job_id=JOB, job_dir=job_dir, master_addr=hosts[0], local_addr="10.0.0.1",
@@ -125,6 +132,7 @@ def master(nodes: int, state: Path) -> dict[str, Any]:
         "teardown_s": ended - teardown,
         "teardown_capped": ended - teardown >= WAIT_S,
         "held": held,
+        "held_at_launch": at_launch,
         "reports": len(reports),
         "unreachable": len(unreachable) + len(failed),
         "reaped": len(os.listdir(state / "reaped")),
@@ -231,11 +239,12 @@ def rows(runs: dict[int, dict[str, list[dict[str, Any]]]]) -> list[Row]:
     return out
 
 
-def held_per_node(runs: dict[int, dict[str, list[dict[str, Any]]]]) -> dict[int, float]:
-    """Control masters the master holds per node after the probe (what it keeps through a job)."""
+def held_per_node(runs: dict[int, dict[str, list[dict[str, Any]]]], key: str = "held") -> dict[int, float]:
+    """Control masters the master holds per node through a job (key "held": once the ranks are in),
+    or during the launch (key "held_at_launch": each node's launch session rides one)."""
     held = {}
     for n, sides in runs.items():
-        good = [r["held"] for r in sides["ours"] if "error" not in r]
+        good = [r[key] for r in sides["ours"] if "error" not in r and key in r]
         if good:
             held[n] = max(good) / n
     return held

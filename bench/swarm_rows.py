@@ -38,6 +38,8 @@ def _figures(per_node: int, heartbeat_s: float, nodes: int) -> list[tuple[str, s
          Target("ours", "<=", 2048.0, "≤ 2,048")),
         ("master_own_rss_mb", f"Master RSS, the process and its children, no ssh client ({ranks})", "MB",
          None),
+        ("launch_peak_rss_mb", f"Master RSS during the launch, its control masters and launch sessions "
+         f"counted ({ranks})", "MB", Target("ours", "<=", 4096.0, "≤ 4,096")),
         ("stop_all_s", f"stop_all -> every rank told, the swarm's last stop ({ranks})", "s",
          Target("ours", "<=", 1.0, "≤ 1 s")),
         ("reset_named_s", f"A node's connections reset -> the supervisor names it ({ranks})", "s",
@@ -77,6 +79,8 @@ def count_ssh_clients(
     results: dict[tuple[str, int, str], dict[str, Any]],
     held_per_node: dict[int, float],
     client_mb: float | None,
+    at_launch_per_node: dict[int, float] | None = None,
+    session_mb: float | None = None,
 ) -> None:
     """Ours: add the ssh processes the master holds (held_per_node, from the fan-out bench: a control
     master per node) at the RSS of a real OpenSSH client; the process's own figure stays beside.
@@ -90,6 +94,13 @@ def count_ssh_clients(
             held = held_per_node[nodes] * nodes
             figures["ssh_clients_counted"] = held
             figures["master_rss_mb"] = figures["master_own_rss_mb"] + held * client_mb
+        if client_mb is not None and session_mb is not None and nodes in (at_launch_per_node or {}):
+            # During the launch each node's session (the direct launcher's `ssh -T ... launch.node`)
+            # rides that node's control master, until its ranks are seated.
+            masters = at_launch_per_node[nodes] * nodes  # type: ignore[index]
+            figures["launch_peak_rss_mb"] = (
+                figures["master_own_rss_mb"] + masters * client_mb + nodes * session_mb
+            )
 
 
 def build(
@@ -100,10 +111,12 @@ def build(
     checkin_cap_s: float,
     held_per_node: dict[int, float] | None = None,
     parts: Collection[str] = ("fanout", "scenarios"),
+    at_launch_per_node: dict[int, float] | None = None,
 ) -> list[Row]:
     client = ssh_rss.load()
     client_mb = client["control_master"]["rss_mb"] if client else None
-    count_ssh_clients(results, held_per_node or {}, client_mb)
+    session_mb = client["session"]["rss_mb"] if client else None
+    count_ssh_clients(results, held_per_node or {}, client_mb, at_launch_per_node, session_mb)
     rows = [] if client is None else [ssh_client_row(client)]
     for nodes in sizes:
         runs = {
@@ -121,7 +134,7 @@ def build(
             if not ours:
                 errors = [f.get("error") for f in runs.values() if f.get("error")]
                 why = "; ".join(errors)[:300] or "no run finished in the budget"
-                if name == "master_rss_mb" and not errors:
+                if name in ("master_rss_mb", "launch_peak_rss_mb") and not errors:
                     why = "needs the fan-out's ssh clients and the scenarios' process (fanout,scenarios)"
                 if name in _FROM_CHECKINS and not errors:
                     why = "needs the check-in-only runs (SWARM_PARTS=checkins)"
@@ -162,6 +175,12 @@ def _key(name: str, nodes: int) -> str:
 def _note(
     name: str, results: dict[tuple[str, int, str], dict[str, Any]], nodes: int, client_mb: float | None
 ) -> str:
+    if name == "launch_peak_rss_mb":
+        return (
+            "ours: process + children + one control master and one launch session (ssh -T ... launch.node) "
+            "per node at a real OpenSSH client's RSS (swarm.ssh_client_rss_mb), all at once: the direct "
+            "launcher opens every node's session together and each ends once that node's ranks are seated"
+        )
     if name == "master_rss_mb":
         held = {f.get("ssh_clients_counted") for (s, n, _), f in results.items() if (s, n) == ("ours", nodes)}
         held.discard(None)

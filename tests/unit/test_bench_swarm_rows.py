@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from bench import ssh_rss
 from bench.common import Row, stat
 from bench.swarm_plot import keep_earlier
 from bench.swarm_rows import build
@@ -49,3 +52,14 @@ def test_a_rerun_without_the_fanout_keeps_the_earlier_rss_row(tmp_path):
     assert kept["swarm.master_cpu_pct"].ours.values == [8.0]
     assert rows["swarm.checkin_s"].ours.values == []  # the check-in-only runs' row, not the scenarios'
     assert "check-in-only" in rows["swarm.checkin_s"].note
+
+
+def test_the_master_keeps_no_ssh_client_after_the_launch_and_the_launch_peak_counts_them_all():
+    """Issue 33: control masters are stopped once the ranks are in (the fan-out's `held` is 0 then), so the
+    job's RSS row is the process alone; the launch peak counts a master and a session per node."""
+    client = ssh_rss.load()
+    rows = by_key(build(results(), [1000], 8, 10.0, 90.0, {1000: 0.0}, at_launch_per_node={1000: 1.0}))
+    assert rows["swarm.master_rss_mb"].ours.values == [52.0]
+    peak = 52.0 + 1000 * (client["control_master"]["rss_mb"] + client["session"]["rss_mb"])
+    assert rows["swarm.launch_peak_rss_mb"].ours.values == [pytest.approx(peak)]
+    assert rows["swarm.launch_peak_rss_mb"].target.value == 4096.0
