@@ -26,7 +26,7 @@ from gaudi_cluster.aws.keys import (
 from gaudi_cluster.errors import ClusterNotReady, ConfigError, GaudiClusterError
 
 from tests.aws.conftest import made_up_host_key
-from tests.support.keys import pem_label
+from tests.support.keys import pem_label, principals
 
 KEYS = ClusterKeys(
     client_private=b"stand-in for the client key c2VjcmV0\n",  # what is delivered is opaque bytes
@@ -242,16 +242,6 @@ def test_reading_the_cluster_keys(tmp_path, cluster_keys):
         read_cluster_keys(loose)
 
 
-def principals(cert: bytes, tmp_path) -> list[str]:
-    path = tmp_path / "cert.pub"
-    path.write_bytes(cert)
-    shown = subprocess.run(["ssh-keygen", "-L", "-f", str(path)], capture_output=True, text=True, check=True)
-    lines = shown.stdout.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.strip().startswith("Principals:"))
-    end = next(i for i, line in enumerate(lines) if line.strip().startswith("Critical Options:"))
-    return [line.strip() for line in lines[start + 1 : end] if line.strip()]
-
-
 def test_every_node_gets_a_host_key_of_its_own_certified_for_its_name_and_address(tmp_path, cluster_keys):
     read = read_cluster_keys(cluster_keys)
     master = read.files_for("master", "master", ("master", "node-0", "10.0.0.10"))
@@ -260,8 +250,8 @@ def test_every_node_gets_a_host_key_of_its_own_certified_for_its_name_and_addres
     assert all(set(files) == set(WORKER_HOST) for files in workers)
     host_keys = [files["ssh_host_ed25519_key"] for files in (master, *workers)]
     assert len(set(host_keys)) == 3 and all(pem_label(key) == "OPENSSH PRIVATE KEY" for key in host_keys)
-    assert principals(master["ssh_host_ed25519_key-cert.pub"], tmp_path) == ["master", "node-0", "10.0.0.10"]
-    assert principals(workers[1]["ssh_host_ed25519_key-cert.pub"], tmp_path) == ["node-2", "10.0.0.12"]
+    assert principals(master["ssh_host_ed25519_key-cert.pub"]) == ["master", "node-0", "10.0.0.10"]
+    assert principals(workers[1]["ssh_host_ed25519_key-cert.pub"]) == ["node-2", "10.0.0.12"]
     # Signed by the cluster's CA, which the nodes pin (host_ca.pub in their user data).
     (tmp_path / "c-cert.pub").write_bytes(workers[0]["ssh_host_ed25519_key-cert.pub"])
     shown = subprocess.run(

@@ -7,9 +7,6 @@ alone: the exact security-group rules, the tags, the Elastic IP, the user data, 
 
 from __future__ import annotations
 
-import subprocess
-from pathlib import Path
-
 import pytest
 from gaudi_cluster.aws.facts import TAG_CLUSTER, TAG_NODE, TAG_ROLE
 from gaudi_cluster.aws.keys import read_pins
@@ -29,17 +26,7 @@ from tests.aws.moto_views import (
     up_args,
     user_data,
 )
-
-
-def principals(cert: bytes, tmp: Path) -> list[str]:
-    """The principals of a host certificate, as ssh-keygen -L lists them."""
-    path = tmp / "cert-shown.pub"
-    path.write_bytes(cert)
-    shown = subprocess.run(["ssh-keygen", "-L", "-f", str(path)], capture_output=True, text=True, check=True)
-    lines = shown.stdout.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.strip().startswith("Principals:"))
-    end = next(i for i, line in enumerate(lines) if line.strip().startswith("Critical Options:"))
-    return [line.strip() for line in lines[start + 1 : end] if line.strip()]
+from tests.support.keys import principals
 
 
 def test_plan_prints_everything_and_creates_nothing(aws, run):
@@ -128,7 +115,7 @@ def test_up_status_reup_down_end_to_end(aws, run):
         (sent[0], ["master", "node-0", master["PrivateIpAddress"]]),
         (sent[1], ["node-1", worker["PrivateIpAddress"]]),
     ):
-        assert principals(files["ssh_host_ed25519_key-cert.pub"], aws.tmp) == names
+        assert principals(files["ssh_host_ed25519_key-cert.pub"]) == names
     assert all(not any(s in c.read_text() for s in secrets) for c in aws.ssh_log.glob("argv.*"))
     # Only to the host keys each instance printed on its console, pinned under its instance id.
     state = aws.tmp / "cache" / "gaudi-cluster" / "aws" / "gaudi"

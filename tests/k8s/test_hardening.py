@@ -37,7 +37,7 @@ from tests.k8s.rendered import (
     replica,
     volume,
 )
-from tests.support.keys import pem_label
+from tests.support.keys import pem_label, principals
 from tests.support.kubernetes import kustomize
 
 CLIENT_KEY_SECRET = "gaudi-cluster-keys"
@@ -329,7 +329,7 @@ def test_each_indexed_job_pod_gets_its_own_key_certified_for_its_names_and_the_s
     assert (out / "ssh_host_ed25519_key").read_bytes() not in others
     assert len(others) == 10
     fqdn = f"{pod}.{subdomain}.default.svc"
-    names = principals((out / "ssh_host_ed25519_key-cert.pub").read_bytes(), tmp_path)
+    names = principals((out / "ssh_host_ed25519_key-cert.pub").read_bytes())
     assert names == [pod, f"{pod}.{subdomain}", fqdn, f"{fqdn}.cluster.local", subdomain]
 
 
@@ -458,16 +458,6 @@ def run_worker_keys_init(rendered, tmp_path, host_keys: dict[str, bytes], hostna
     return done, out
 
 
-def principals(cert: bytes, tmp_path) -> list[str]:
-    path = tmp_path / "cert.pub"
-    path.write_bytes(cert)
-    shown = subprocess.run(["ssh-keygen", "-L", "-f", str(path)], capture_output=True, text=True, check=True)
-    lines = shown.stdout.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.strip() == "Principals:")
-    end = next(i for i, line in enumerate(lines) if line.strip().startswith("Critical Options:"))
-    return [line.strip() for line in lines[start + 1 : end]]
-
-
 @pytest.mark.parametrize("index", [0, 1, 2])
 def test_each_mpijob_worker_gets_its_own_key_certified_for_its_own_names(rendered, tmp_path, index):
     job = mpijob(rendered)["metadata"]["name"]
@@ -488,7 +478,7 @@ def test_each_mpijob_worker_gets_its_own_key_certified_for_its_own_names(rendere
     assert (out / "ssh_host_ed25519_key").read_bytes() not in others
     assert "PRIVATE KEY" not in done.stdout + done.stderr and f"{pod}:" in done.stdout
     # Certified by the CA for the names the master dials (the operator's hostfile) and none of another's.
-    names = principals((out / "ssh_host_ed25519_key-cert.pub").read_bytes(), tmp_path)
+    names = principals((out / "ssh_host_ed25519_key-cert.pub").read_bytes())
     fqdn = f"{pod}.{job}.default.svc"
     assert names == [pod, f"{pod}.{job}", fqdn, f"{fqdn}.cluster.local"]
     signed = subprocess.run(

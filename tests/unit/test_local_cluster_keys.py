@@ -12,16 +12,10 @@ from pathlib import Path
 import pytest
 from gaudi_cluster_dev.localcluster import KEY_MOUNT, WORKER_ALIAS, LocalCluster
 
+from tests.support.keys import principals
+
 ROOT = Path(__file__).resolve().parents[2]
 HOST_KEY = "ssh_host_ed25519_key"
-
-
-def principals(cert: Path) -> list[str]:
-    shown = subprocess.run(["ssh-keygen", "-L", "-f", str(cert)], capture_output=True, text=True, check=True)
-    lines = shown.stdout.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.strip().startswith("Principals:"))
-    end = next(i for i, line in enumerate(lines) if line.strip().startswith("Critical Options:"))
-    return [line.strip() for line in lines[start + 1 : end] if line.strip()]
 
 
 @pytest.fixture

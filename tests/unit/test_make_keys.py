@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.keys import principals
+
 ROOT = Path(__file__).resolve().parents[2]
 MAKE_KEYS = ROOT / "scripts" / "make-keys.sh"
 HOST_KEY = "ssh_host_ed25519_key"
@@ -33,13 +35,6 @@ def host_keys(directory: Path) -> dict[Path, bytes]:
 def certificate(path: Path) -> str:
     shown = subprocess.run(["ssh-keygen", "-L", "-f", str(path)], capture_output=True, text=True, check=True)
     return shown.stdout
-
-
-def principals(path: Path) -> list[str]:
-    lines = certificate(path).splitlines()
-    start = next(i for i, line in enumerate(lines) if line.strip().startswith("Principals:"))
-    end = next(i for i, line in enumerate(lines) if line.strip().startswith("Critical Options:"))
-    return [line.strip() for line in lines[start + 1 : end] if line.strip()]
 
 
 @pytest.mark.parametrize(
