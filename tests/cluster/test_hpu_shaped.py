@@ -314,7 +314,11 @@ def test_dl1_shaped_nodes_find_their_efa_paths_and_a_dl1_card_under_the_1_24_ima
 
 
 @pytest.mark.parametrize("with_devices", [True, False])
-def test_run_node_passes_rdma_cm_without_privileges_when_present(image, cluster_keys, with_devices):
+def test_run_node_passes_rdma_cm_without_privileges_when_present(image, tmp_path, with_devices):
+    keys = tmp_path / "keys"  # the worker's own host key, for its name (run-node.sh mounts nodes/NAME)
+    subprocess.run(
+        [str(ROOT / "scripts" / "make-keys.sh"), str(keys), "rdma-node"], check=True, capture_output=True
+    )
     devices = [
         "--device",
         "/dev/null:/dev/infiniband/uverbs0",
@@ -322,9 +326,10 @@ def test_run_node_passes_rdma_cm_without_privileges_when_present(image, cluster_
         "/dev/null:/dev/infiniband/rdma_cm",
     ]
     done = subprocess.run(
-        ["docker", "run", "--rm", *(devices if with_devices else []), "-v", f"{ROOT / 'scripts'}:/s:ro",
-         "-v", f"{cluster_keys}:/k:ro", "-e", "DRY_RUN=1", "-e", "GAUDI_CLUSTER_PRIVILEGED=0",
-         "-e", "GAUDI_CLUSTER_KEYS=/k", image, "bash", "/s/run-node.sh", "worker"],
+        ["docker", "run", "--rm", "--hostname", "rdma-node", *(devices if with_devices else []),
+         "-v", f"{ROOT / 'scripts'}:/s:ro", "-v", f"{keys}:/k:ro", "-e", "DRY_RUN=1",
+         "-e", "GAUDI_CLUSTER_PRIVILEGED=0", "-e", "GAUDI_CLUSTER_KEYS=/k",
+         image, "bash", "/s/run-node.sh", "worker"],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from gaudi_cluster.errors import ConfigError
+from gaudi_cluster.nodes import ssh
 from gaudi_cluster.nodes.ssh import (
     HOST_CA_NAME,
     HOST_KEY_NAME,
@@ -109,3 +110,15 @@ def test_ssh_failures_name_cause_and_fix(code: int, stderr: str, expected: str):
     why = explain_ssh_failure(SshResult("w", code, "", stderr), 3022)
     assert expected in why
     assert "\n" not in why
+
+
+def test_a_held_masters_hostfile_remembers_the_dns_name_its_nodes_certificates_name(tmp_path):
+    """gaudi_spawn.py --hostfile /run/gaudi-cluster/hostfile: the addresses came from a DNS name (compose's
+    `worker`), which the nodes' certificates name; the held master wrote it beside the hostfile."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("172.24.0.2 slots=1\n")
+    assert ssh.remembered_host_key_name(str(hostfile)) is None and ssh.remembered_host_key_name(None) is None
+    ssh.host_key_name_file(hostfile).write_text("worker\n")
+    assert ssh.remembered_host_key_name(str(hostfile)) == "worker"
+    ssh.host_key_name_file(hostfile).write_text("worker\nProxyCommand evil\n")  # no name: nothing taken
+    assert ssh.remembered_host_key_name(str(hostfile)) is None

@@ -21,6 +21,7 @@ from gaudi_cluster.launch import launchers, plan, tools
 from gaudi_cluster.nodes import checks, ssh
 from gaudi_cluster.nodes.devices import resolve_accelerator
 from gaudi_cluster.nodes.hostfile import HostEntry, Hostfile, active_resources, make_hostfile, render_hostfile
+from gaudi_cluster.nodes.reach import SshReach
 from gaudi_cluster.nodes.survey import NodeSurvey
 from gaudi_cluster.wire import protocol
 from gaudi_cluster.wire.kinds import Accelerator, LauncherName
@@ -226,6 +227,12 @@ def prepare(
             stable = stable_hostfile_path(settings.job_root)
             stable.parent.mkdir(parents=True, exist_ok=True)
             stable.write_text(render_hostfile(hostfile))
+            key_name = survey.reach.host_key_name if isinstance(survey.reach, SshReach) else None
+            named = ssh.host_key_name_file(stable)
+            if key_name:
+                named.write_text(key_name + "\n")
+            else:
+                named.unlink(missing_ok=True)
         env_path.write_text(envfile.render_env_file(env_file))
         env_path.chmod(0o600)
     launcher = launchers.launcher_named(settings.launcher)

@@ -112,6 +112,7 @@ class SshReach:
     port: int  # for the failure's words
     control_dir: Path | None = None  # the shared connections' sockets
     opened: set[str] = field(default_factory=set)
+    host_key_name: str | None = None  # the DNS name the nodes' certificates name (ssh HostKeyAlias)
     how = "over ssh"
     shared_stdin = False
 

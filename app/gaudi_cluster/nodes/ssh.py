@@ -12,6 +12,7 @@ globally. Every call is BatchMode (never prompts) with a connect timeout.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -98,6 +99,27 @@ def write_ssh_config(
     path = job_dir / "ssh_config"
     write_private_file(path, "\n".join(lines) + "\n")
     return path
+
+
+# Beside the hostfile a held master writes: the DNS name its nodes were found at, which their
+# certificates name; a master later given that hostfile (gaudi_spawn.py --hostfile) checks them by it.
+HOST_KEY_NAME_SUFFIX = ".host-key-name"
+_DNS_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
+
+
+def host_key_name_file(hostfile: Path) -> Path:
+    return hostfile.with_name(hostfile.name + HOST_KEY_NAME_SUFFIX)
+
+
+def remembered_host_key_name(hostfile: str | None) -> str | None:
+    """The DNS name a held master found this hostfile's nodes at (None: none was written beside it)."""
+    if not hostfile:
+        return None
+    try:
+        name = host_key_name_file(Path(hostfile)).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return name if _DNS_NAME.fullmatch(name) else None
 
 
 def ssh_argv(

@@ -253,8 +253,10 @@ def reach_nodes(
             ssh.HOST_CA_NAME,
             config.ssh_dir,
         )
-    # Nodes found at a DNS name's addresses: each node's certificate names that DNS name.
-    alias = (config.find.peers_dns or None) if host_trust is not None else None
+    # Nodes found at a DNS name's addresses (now, or by the held master that wrote this hostfile):
+    # each node's certificate names that DNS name.
+    found_at = config.find.peers_dns or ssh.remembered_host_key_name(config.find.hostfile)
+    alias = found_at if host_trust is not None else None
     if alias is not None:
         log.info("nodes found by DNS name %s: each must present a certificate naming %s", alias, alias)
     ssh_config = ssh.write_ssh_config(
@@ -265,7 +267,7 @@ def reach_nodes(
         host_trust=host_trust,
         host_key_alias=alias,
     )
-    reach = SshReach(ssh_config, config.ssh_port, control_dir)
+    reach = SshReach(ssh_config, config.ssh_port, control_dir, host_key_name=alias)
     reach.open((*nodes.hosts, *spares), max(5.0, deadline - time.monotonic()))
     return reach, spares
 
