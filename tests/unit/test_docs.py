@@ -59,7 +59,7 @@ EXTERNAL_FLAGS = {
     "python -m gaudi_cluster.settings.reference": "--write",
     "scripts/k8s-host-keys.sh": "--indexed-job",
     "python -m gaudi_cluster.rank.agent (its own command line, the launchers start it)": "--control "
-    "--local-rank-arg --output-dir --zygote-fd",
+    "--local-rank-arg --output-dir --zygote-fd --output-relay --ready-fd",
     "named as what is refused (no flag is abbreviated)": "--master",
     "the AWS CLI": "--latest --region --profile --query --output",
     "systemctl / journalctl": "--now --unit --follow",
