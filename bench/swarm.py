@@ -335,6 +335,7 @@ def run(ctx: Ctx) -> list[Row]:
         swarm_fanout.held_per_node(fanout),
         PARTS,
         swarm_fanout.held_per_node(fanout, "held_at_launch"),
+        swarm_fanout.held_per_node(fanout, "sessions_peak"),
     )
     rows += swarm_fanout.rows(fanout)
     if ONLY or set(ALL_PARTS) != PARTS:

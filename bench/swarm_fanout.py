@@ -9,6 +9,9 @@ The anchors run the same probe stub over the same fake: `pdsh -R ssh -f 64` and 
   probe_s     open_connections start -> every node's report read (the survey's ssh part)
   teardown_s  reap start -> every stub's reap done, every control master gone, no ssh child left
   held_at_launch  control masters alive once the probe is done (the launch sessions ride them)
+  launch_s    the direct launcher's fan-out (launch.fanout, a handing-over spec per node; each fake
+              session holds FAKE_SSH_SEAT_S, 0.3 s, as a node seating its ranks) -> every session ended
+  sessions_peak   launch sessions open at once during it (the fan-out's waves bound them)
   held        control masters alive once the ranks are in and Reach.release stopped them (what the
               master holds through the job: none, the direct launcher's sessions ended by then)
 
@@ -66,7 +69,7 @@ def prepare(state: Path, hosts: list[str]) -> None:
     """The stubs' node reports (one per host, its own name and address) and their state folders."""
     from gaudi_cluster.wire.node_report import Interface, NodeReport
 
-    for sub in ("reports", "hold", "reaped"):
+    for sub in ("reports", "hold", "reaped", "launch", "ended"):
         (state / sub).mkdir(parents=True, exist_ok=True)
     for i, host in enumerate(hosts):
         address = f"10.{i // 250 % 250}.{i % 250}.2"
@@ -106,6 +109,7 @@ def master(nodes: int, state: Path) -> dict[str, Any]:
     )
     probed = time.monotonic()
     at_launch = len(held_masters(state))
+    launch = launch_sessions(hosts, config, state)
     reach.release()  # what the master does once every rank is in (job/attempt.all_in)
     settled = time.monotonic() + 2.0  # a stopped master ends with its last session: there is none here
     while held_masters(state) and time.monotonic() < settled:
@@ -133,10 +137,35 @@ def master(nodes: int, state: Path) -> dict[str, Any]:
         "teardown_capped": ended - teardown >= WAIT_S,
         "held": held,
         "held_at_launch": at_launch,
+        **launch,
         "reports": len(reports),
         "unreachable": len(unreachable) + len(failed),
         "reaped": len(os.listdir(state / "reaped")),
         "left": len(held_masters(state)),
+    }
+
+
+def launch_sessions(hosts: list[str], config: Path, state: Path) -> dict[str, Any]:
+    """The direct launcher's real fan-out (launch.fanout) of a handing-over node spec to every host:
+    how long until every node's session ended, and how many the master held at once."""
+    from gaudi_cluster.launch import fanout
+    from gaudi_cluster.wire.node_spec import FANOUT_MODULE, FanoutSpec, NodeEntry, NodeSpec
+
+    spec = NodeSpec(node_rank=0, nnodes=len(hosts), first_rank=0, slots=tuple(range(8)),
+                    world_size=8 * len(hosts), master_addr="10.0.0.1", master_port=29500, cwd="/w", env={},
+                    python=sys.executable, agent_args=("--", "train.py"), hand_over=True)  # fmt: skip
+    launch = FanoutSpec(sys.executable, str(config), tuple(NodeEntry(host, False, spec) for host in hosts))
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", FANOUT_MODULE], input=launch.to_json(), text=True,
+                          capture_output=True, timeout=600, check=False)  # fmt: skip
+    took = time.monotonic() - began
+    counts = [int(line) for line in (state / "sessions").read_text().split()] if done.returncode == 0 else []
+    return {
+        "launch_s": took,
+        "launch_code": done.returncode,
+        "launched": len(os.listdir(state / "ended")),
+        "sessions_peak": max(counts, default=0),
+        "launch_wave": fanout.LAUNCH_WAVE,
     }
 
 
@@ -241,7 +270,8 @@ def rows(runs: dict[int, dict[str, list[dict[str, Any]]]]) -> list[Row]:
 
 def held_per_node(runs: dict[int, dict[str, list[dict[str, Any]]]], key: str = "held") -> dict[int, float]:
     """Control masters the master holds per node through a job (key "held": once the ranks are in),
-    or during the launch (key "held_at_launch": each node's launch session rides one)."""
+    during the launch (key "held_at_launch": each node's launch session rides one), or its launch
+    sessions open at once (key "sessions_peak")."""
     held = {}
     for n, sides in runs.items():
         good = [r[key] for r in sides["ours"] if "error" not in r and key in r]

@@ -81,6 +81,7 @@ def count_ssh_clients(
     client_mb: float | None,
     at_launch_per_node: dict[int, float] | None = None,
     session_mb: float | None = None,
+    sessions_per_node: dict[int, float] | None = None,
 ) -> None:
     """Ours: add the ssh processes the master holds (held_per_node, from the fan-out bench: a control
     master per node) at the RSS of a real OpenSSH client; the process's own figure stays beside.
@@ -94,13 +95,16 @@ def count_ssh_clients(
             held = held_per_node[nodes] * nodes
             figures["ssh_clients_counted"] = held
             figures["master_rss_mb"] = figures["master_own_rss_mb"] + held * client_mb
-        if client_mb is not None and session_mb is not None and nodes in (at_launch_per_node or {}):
-            # During the launch each node's session (the direct launcher's `ssh -T ... launch.node`)
-            # rides that node's control master, until its ranks are seated.
-            masters = at_launch_per_node[nodes] * nodes  # type: ignore[index]
+        at_launch, sessions = at_launch_per_node or {}, sessions_per_node or {}
+        if client_mb is not None and session_mb is not None and nodes in at_launch and nodes in sessions:
+            # During the launch every node's control master is open, and the direct launcher's
+            # sessions (`ssh -T ... launch.node`, each until its node's ranks are seated) ride them:
+            # as many at once as the fan-out's run held (its waves bound them).
+            figures["sessions_counted"] = sessions[nodes] * nodes
             figures["launch_peak_rss_mb"] = (
-                figures["master_own_rss_mb"] + masters * client_mb + nodes * session_mb
-            )
+                figures["master_own_rss_mb"] + at_launch[nodes] * nodes * client_mb
+                + sessions[nodes] * nodes * session_mb
+            )  # fmt: skip
 
 
 def build(
@@ -112,11 +116,14 @@ def build(
     held_per_node: dict[int, float] | None = None,
     parts: Collection[str] = ("fanout", "scenarios"),
     at_launch_per_node: dict[int, float] | None = None,
+    sessions_per_node: dict[int, float] | None = None,
 ) -> list[Row]:
     client = ssh_rss.load()
     client_mb = client["control_master"]["rss_mb"] if client else None
     session_mb = client["session"]["rss_mb"] if client else None
-    count_ssh_clients(results, held_per_node or {}, client_mb, at_launch_per_node, session_mb)
+    count_ssh_clients(
+        results, held_per_node or {}, client_mb, at_launch_per_node, session_mb, sessions_per_node
+    )
     rows = [] if client is None else [ssh_client_row(client)]
     for nodes in sizes:
         runs = {
@@ -177,9 +184,9 @@ def _note(
 ) -> str:
     if name == "launch_peak_rss_mb":
         return (
-            "ours: process + children + one control master and one launch session (ssh -T ... launch.node) "
-            "per node at a real OpenSSH client's RSS (swarm.ssh_client_rss_mb), all at once: the direct "
-            "launcher opens every node's session together and each ends once that node's ranks are seated"
+            "ours: process + children + one control master per node and the launch sessions (ssh -T ... "
+            "launch.node) the fan-out held at once (its waves: launch.fanout.LAUNCH_WAVE), each at a real "
+            "OpenSSH client's RSS (swarm.ssh_client_rss_mb); a session ends once its node's ranks are seated"
         )
     if name == "master_rss_mb":
         held = {f.get("ssh_clients_counted") for (s, n, _), f in results.items() if (s, n) == ("ours", nodes)}

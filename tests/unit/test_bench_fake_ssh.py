@@ -22,6 +22,8 @@ def test_the_master_fan_out_runs_unchanged_over_the_fake_ssh():
     assert found["reports"] == 12 and found["unreachable"] == 0  # every stub answered with a valid report
     assert found["held_at_launch"] == 12  # a control master per node while the launch rides them
     assert found["held"] == 0  # none once the ranks are in (Reach.release: ssh -O stop)
+    assert found["launch_code"] == 0 and found["launched"] == 12  # the real fan-out reached every node
+    assert 1 <= found["sessions_peak"] <= min(12, found["launch_wave"])
     assert found["reaped"] == 12 and found["left"] == 0  # the teardown reached every node, none left
     assert not found["teardown_capped"]
 

@@ -56,10 +56,18 @@ def test_a_rerun_without_the_fanout_keeps_the_earlier_rss_row(tmp_path):
 
 def test_the_master_keeps_no_ssh_client_after_the_launch_and_the_launch_peak_counts_them_all():
     """Issue 33: control masters are stopped once the ranks are in (the fan-out's `held` is 0 then), so the
-    job's RSS row is the process alone; the launch peak counts a master and a session per node."""
+    job's RSS row is the process alone; the launch peak counts a master per node and the sessions the
+    fan-out held at once (48 of 1,000 here: its waves)."""
     client = ssh_rss.load()
-    rows = by_key(build(results(), [1000], 8, 10.0, 90.0, {1000: 0.0}, at_launch_per_node={1000: 1.0}))
+    rows = by_key(build(results(), [1000], 8, 10.0, 90.0, {1000: 0.0}, at_launch_per_node={1000: 1.0},
+                        sessions_per_node={1000: 0.048}))  # fmt: skip
     assert rows["swarm.master_rss_mb"].ours.values == [52.0]
-    peak = 52.0 + 1000 * (client["control_master"]["rss_mb"] + client["session"]["rss_mb"])
+    peak = 52.0 + 1000 * client["control_master"]["rss_mb"] + 48 * client["session"]["rss_mb"]
     assert rows["swarm.launch_peak_rss_mb"].ours.values == [pytest.approx(peak)]
     assert rows["swarm.launch_peak_rss_mb"].target.value == 4096.0
+
+
+def test_no_launch_peak_without_the_sessions_the_fan_out_held():
+    """An older fan-out result (no sessions_peak) writes no launch peak: never a row from fewer parts."""
+    rows = by_key(build(results(), [1000], 8, 10.0, 90.0, {1000: 0.0}, at_launch_per_node={1000: 1.0}))
+    assert rows["swarm.launch_peak_rss_mb"].ours.values == []
