@@ -95,9 +95,16 @@ test-quick: venv host-tools ## unit, in-process and offline k8s tests (no Docker
 
 # make test: the pure tests on two workers first (as test-quick), then everything else serially: the
 # Docker tests time failure detection, which a second worker on two cores would slow.
+# The optimum-habana test venvs (pip installs from local wheels, mostly disk: about 80 s of the serial
+# stage on a fresh clone) build beside the pure tests; tests/ohabana then finds them up to date, or
+# builds one again itself and shows why it failed (the logs: build/ohabana-PROFILE.log).
+OHABANA_PROFILES := $(patsubst requirements/ohabana-%.txt,%,$(wildcard requirements/ohabana-*.txt))
+
 test: venv host-tools ## all tests (builds the cpu image; needs a Docker engine)
 	$(MAKE) image-cpu image-gaudi-standin
-	$(PY) -m pytest -q -n 2 --durations=10 $(QUICK_TESTS)
+	mkdir -p build; for profile in $(OHABANA_PROFILES); do \
+	  PYTHON=$(PY) scripts/make-ohabana-venv.sh "$$profile" >"build/ohabana-$$profile.log" 2>&1 & done; \
+	$(PY) -m pytest -q -n 2 --durations=10 $(QUICK_TESTS); code=$$?; wait; exit $$code
 	$(PY) -m pytest -q --durations=25 tests $(addprefix --ignore=,$(QUICK_TESTS))
 
 base-image: ## the Debian 12 base of the cpu flavor (pulled, or debootstrapped offline)
