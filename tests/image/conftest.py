@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import testinfra
 
-from tests.support.docker import SSH_DIR, Containers, docker, health, wait_until
+from tests.support.docker import FAST_HEALTH, SSH_DIR, Containers, docker, health, wait_until
 
 
 @pytest.fixture(scope="session")
@@ -26,7 +26,7 @@ def containers(request: pytest.FixtureRequest, image: str, cluster_keys: Path) -
 @pytest.fixture(scope="session")
 def worker(containers: Containers) -> str:
     """A worker container started with the test key, running and healthy."""
-    name = containers.run(role="worker")
+    name = containers.run(role="worker", run_args=FAST_HEALTH)
     # Docker's own status, not the script run by hand: this proves the HEALTHCHECK instruction works.
     if not wait_until(lambda: health(name) == "healthy", timeout=60):
         pytest.fail(f"worker {name} did not turn healthy ({health(name)}):\n{containers.logs(name)}")

@@ -18,7 +18,17 @@ import pytest
 import testinfra
 from gaudi_cluster.settings import fork_pin, profiles
 
-from tests.support.docker import ROOT, SESSION, SSH_DIR, Containers, docker, health, run_once, wait_until
+from tests.support.docker import (
+    FAST_HEALTH,
+    ROOT,
+    SESSION,
+    SSH_DIR,
+    Containers,
+    docker,
+    health,
+    run_once,
+    wait_until,
+)
 from tests.support.image_scan import scan_layers
 
 pytestmark = pytest.mark.docker
@@ -50,7 +60,7 @@ def pool(request, standin, cluster_keys) -> Iterator[Containers]:
 
 @pytest.fixture(scope="module")
 def worker(pool) -> str:
-    name = pool.run(role="worker")
+    name = pool.run(role="worker", run_args=FAST_HEALTH)
     if not wait_until(lambda: health(name) == "healthy", timeout=90):
         pytest.fail(f"stand-in worker {name} did not turn healthy ({health(name)}):\n{pool.logs(name)}")
     return name
