@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from gaudi_cluster.nodes.ssh import KEX_ALGORITHMS
 
+from tests.support import image_scan
 from tests.support.docker import (
     SSH_DIR,
     Containers,
@@ -31,6 +32,7 @@ from tests.support.image_scan import LayerScan, scan_layers
 pytestmark = pytest.mark.docker
 
 VENV_PY = "/opt/venv/bin/python"
+BASE_IMAGE = "gaudi-cluster/debian:bookworm"  # the cpu flavor's base (make base-image)
 MAX_IMAGE_BYTES = 2.5e9
 
 
@@ -198,6 +200,32 @@ def test_no_layer_holds_a_private_or_host_key(layers: LayerScan):
     """
     found = [*layers.named(r"(^|/)ssh_host_[^/]*$"), *layers.private_keys]
     assert not found, f"keys in image layers: {found}"
+
+
+def test_the_layer_scan_finds_a_key_a_later_layer_deleted(tmp_path, monkeypatch):
+    """The two no-key tests can fail: a key copied in under another name and one at ~/.ssh/id_*, both
+    deleted by the next layer, are found, by the overlay2 walk where it applies and by `docker save`."""
+    body = "".join(f"{chunk}\n" for chunk in ["QUFB" * 17] * 5)
+    key = f"-----BEGIN OPENSSH PRIVATE KEY-----\n{body}-----END OPENSSH PRIVATE KEY-----\n"
+    (tmp_path / "k").write_text(key)
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {BASE_IMAGE}\nCOPY k /opt/x/notes.txt\n"
+        "RUN mkdir -p /root/.ssh && cp /opt/x/notes.txt /root/.ssh/id_ed25519\nRUN rm -rf /root/.ssh /opt/x\n"
+    )
+    tag = f"gc-keyscan-{tmp_path.name.lower()}"
+    docker("build", "-q", "-t", tag, str(tmp_path))
+    try:
+        walked = scan_layers(tag)
+        monkeypatch.setattr(image_scan, "layer_dirs", lambda _image: None)
+        saved = scan_layers(tag)
+    finally:
+        docker("rmi", "-f", tag, check=False)
+    for scan in (walked, saved):
+        assert sorted(entry.split(": ", 1)[1] for entry in scan.private_keys) == [
+            "opt/x/notes.txt", "root/.ssh/id_ed25519",
+        ], scan.private_keys  # fmt: skip
+        named = [entry.split(": ", 1)[1] for entry in scan.named(r"(^|/)root/\.ssh/id_")]
+        assert named == ["root/.ssh/id_ed25519"]
 
 
 # ---- running worker -------------------------------------------------------------------------------------
