@@ -17,6 +17,7 @@ from train import checkpoints
 from train.events import parse_events
 
 from tests.support.training import (
+    BLOCK_SIZE,
     ROOT,
     SAVE_STEPS,
     SCRIPT,
@@ -54,7 +55,7 @@ def test_two_rank_deepspeed_training_learns_and_reports(trained: tuple[Path, Run
     assert train["global_batch_size"] == 8
     assert train["throughput_warmup_steps_applied"] == 2
     assert train["train_tokens_per_second"] == pytest.approx(
-        train["train_samples_per_second"] * 256, rel=1e-3
+        train["train_samples_per_second"] * BLOCK_SIZE, rel=1e-3
     )
     assert train["peak_rss (GB)"] > 0
     png = out / "training_curves.png"
@@ -193,10 +194,16 @@ def test_bad_input_exits_2(
     capsys: pytest.CaptureFixture,
 ) -> None:  # fmt: skip
     """In-process (imports paid once): each case returns 2 with a one-line message naming the culprit."""
+    import datasets
+    import huggingface_hub.constants
     from train import run_clm as script
 
     for key, value in train_env.items():
         monkeypatch.setenv(key, value)
+    # Both libraries read HF_*_OFFLINE when first imported, which an earlier test in this process may
+    # have done without them: offline as run_clm started with train_env is, not 20 s of hub retries.
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.chdir(tmp_path)
     try:
         rc = script.main([*args, "--output_dir", str(tmp_path / "out")])
