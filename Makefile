@@ -83,17 +83,18 @@ ohabana-venv: venv wheelhouse ## test-only venv with PROFILE's optimum-habana on
 test-ohabana: venv wheelhouse ## the workload's GaudiTrainer branch on CPU through each profile's optimum-habana
 	$(PY) -m pytest -q tests/ohabana
 
-# No Docker, no image: the edit-test loop (about 3 minutes on 2 cores). The pure tests run on two
-# pytest-xdist workers; tests/local stays serial: its masters' status sockets live under tmp_path, and
-# xdist's longer tmp_path would pass AF_UNIX's 108-byte limit.
+# No Docker, no image: the edit-test loop (about 2 minutes on 2 cores). The pure tests run on four
+# pytest-xdist workers, two a core: many wait on a subprocess or a socket, so four keep both cores
+# busy (84 s, 1.74 cores; two workers took 107-123 s). tests/local stays serial: its masters' status
+# sockets live under tmp_path, and xdist's longer tmp_path would pass AF_UNIX's 108-byte limit.
 QUICK_TESTS := tests/unit tests/aws tests/k8s/test_manifests.py tests/k8s/test_hardening.py \
   tests/k8s/test_metrics_scrape.py
 
-test-quick: venv host-tools ## unit, in-process and offline k8s tests (no Docker), about 3 minutes
-	$(PY) -m pytest -q -n 2 $(QUICK_TESTS)
+test-quick: venv host-tools ## unit, in-process and offline k8s tests (no Docker), about 2 minutes
+	$(PY) -m pytest -q -n 4 $(QUICK_TESTS)
 	$(PY) -m pytest -q tests/local
 
-# make test: the pure tests on two workers first (as test-quick), then everything else serially: the
+# make test: the pure tests on four workers first (as test-quick), then everything else serially: the
 # Docker tests time failure detection, which a second worker on two cores would slow.
 # The optimum-habana test venvs (pip installs from local wheels, mostly disk: about 80 s of the serial
 # stage on a fresh clone) build beside the pure tests; tests/ohabana then finds them up to date, or
@@ -104,7 +105,7 @@ test: venv host-tools ## all tests (builds the cpu image; needs a Docker engine)
 	$(MAKE) image-cpu image-gaudi-standin
 	mkdir -p build; for profile in $(OHABANA_PROFILES); do \
 	  PYTHON=$(PY) scripts/make-ohabana-venv.sh "$$profile" >"build/ohabana-$$profile.log" 2>&1 & done; \
-	$(PY) -m pytest -q -n 2 --durations=10 $(QUICK_TESTS); code=$$?; wait; exit $$code
+	$(PY) -m pytest -q -n 4 --durations=10 $(QUICK_TESTS); code=$$?; wait; exit $$code
 	$(PY) -m pytest -q --durations=25 tests $(addprefix --ignore=,$(QUICK_TESTS))
 
 base-image: ## the Debian 12 base of the cpu flavor (pulled, or debootstrapped offline)
