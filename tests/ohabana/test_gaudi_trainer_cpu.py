@@ -26,9 +26,7 @@ from pathlib import Path
 import pytest
 from gaudi_cluster.settings import profiles
 
-# Under xdist (make test's first stage) one worker takes them all: the session fixture below builds
-# the venvs, and two workers doing so at once would race on them.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ohabana")]
+pytestmark = [pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 STUBS = Path(__file__).resolve().parent / "stubs"
