@@ -55,6 +55,11 @@ def no_job_processes_anywhere(slurm: SlurmCluster, nodes=NODES) -> bool:
     return not any(slurm.job_processes(node) for node in nodes)
 
 
+def left_behind(slurm: SlurmCluster) -> dict[str, list[str]]:
+    """What a failed no-leftover check shows: each node's job processes still there."""
+    return {node: slurm.job_processes(node) for node in NODES}
+
+
 # Valid and invalid expressions, the quirks of hostlist.c included; scontrol is the judge.
 HOSTLISTS = [
     "node1",
@@ -150,7 +155,7 @@ def test_sbatch_trains_the_default_job_on_three_nodes(slurm):
     assert len(losses) >= 2 and losses[-1] < losses[0], losses
     for node in NODES:
         assert complete_checkpoints(slurm, node, ".")[-1] == 40, node
-    assert wait_until(lambda: no_job_processes_anywhere(slurm), timeout=10)
+    assert wait_until(lambda: no_job_processes_anywhere(slurm), timeout=10), left_behind(slurm)
 
 
 def test_the_ssh_path_stays_reachable_under_slurm(slurm):
@@ -163,7 +168,7 @@ def test_the_ssh_path_stays_reachable_under_slurm(slurm):
     assert re.search(r"3 ranks on 3 nodes, started over ssh", log), log[-3000:]
     assert rank_hosts(log) == {0: {"node1"}, 1: {"node2"}, 2: {"node3"}}
     assert log.count("released by the master on node1") == 2
-    assert wait_until(lambda: no_job_processes_anywhere(slurm), timeout=10)
+    assert wait_until(lambda: no_job_processes_anywhere(slurm), timeout=10), left_behind(slurm)
 
 
 def test_scancel_checkpoints_on_every_node_and_leaves_nothing(slurm):
