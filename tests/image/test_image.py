@@ -205,9 +205,8 @@ def test_no_layer_holds_a_private_or_host_key(layers: LayerScan):
 def test_the_layer_scan_finds_a_key_a_later_layer_deleted(tmp_path, monkeypatch):
     """The two no-key tests can fail: a key copied in under another name and one at ~/.ssh/id_*, both
     deleted by the next layer, are found, by the overlay2 walk where it applies and by `docker save`."""
-    body = "".join(f"{chunk}\n" for chunk in ["QUFB" * 17] * 5)
-    key = f"-----BEGIN OPENSSH PRIVATE KEY-----\n{body}-----END OPENSSH PRIVATE KEY-----\n"
-    (tmp_path / "k").write_text(key)
+    # A throwaway key made now: no key-shaped text lives in the repository.
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "k")], check=True)
     (tmp_path / "Dockerfile").write_text(
         f"FROM {BASE_IMAGE}\nCOPY k /opt/x/notes.txt\n"
         "RUN mkdir -p /root/.ssh && cp /opt/x/notes.txt /root/.ssh/id_ed25519\nRUN rm -rf /root/.ssh /opt/x\n"
