@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import subprocess
 import tarfile
 from dataclasses import dataclass, field
@@ -81,12 +82,14 @@ def scan_dirs(dirs: list[Path]) -> LayerScan:
     for layer in dirs:
         label = layer.parent.name
         for top, subdirs, files in os.walk(layer):
-            for name in [*subdirs, *files]:
-                path = Path(top, name)
-                member = path.relative_to(layer).as_posix()
+            base = Path(top).relative_to(layer)
+            scan.names.extend(f"{label}: {(base / name).as_posix()}" for name in subdirs)
+            for name in files:
+                member = (base / name).as_posix()
                 scan.names.append(f"{label}: {member}")
-                if name in files and path.is_file() and not path.is_symlink() and path.stat().st_size > 0:
-                    with path.open("rb") as stream:
+                found = os.lstat(os.path.join(top, name))  # one stat; a symlink is not a file here
+                if stat.S_ISREG(found.st_mode) and found.st_size > 0:
+                    with open(os.path.join(top, name), "rb") as stream:
                         if _is_private_key_text(stream):
                             scan.private_keys.append(f"{label}: {member}")
     return scan
