@@ -177,7 +177,7 @@ class _Run:
         self.swarm = subprocess.Popen(
             [sys.executable, "-m", "gaudi_cluster_dev.swarm", "--port", str(port), "--job", JOB,
              "--nodes", str(nodes), "--per-node", str(PER_NODE), "--cpu", "1", "--steer",
-             "--deadline", str(400 + SOAK_S * soak), "--work", work,
+             "--deadline", str(400 + SOAK_S * soak), "--work", work, "--heartbeat-timeout", str(HEARTBEAT_S),
              *(["--relays"] if app == NEW_APP else [])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             env={**env, "PYTHONPATH": f"{NEW_APP}:{DEV}"},

@@ -108,9 +108,12 @@ class Rank:
 class Swarm:
     def __init__(
         self, plan: SwarmPlan, port: int, job: str, secret: str, out: Any = sys.stdout, relays: bool = False,
-        work: str = "healthy",
+        work: str = "healthy", heartbeat_timeout_s: float = 10.0,
     ) -> None:  # fmt: skip
         self.plan, self.port, self.job, self.out = plan, port, job, out
+        # A relay's summary comes every few seconds, as the real relay's does; a rank on its own beats
+        # every second, as an agent does.
+        self.every = protocol.beat_every(heartbeat_timeout_s) if relays else 1
         self.work = WorkTimes(work, plan.ranks)
         self.keys = [protocol.node_key(secret, plan.node(i)) for i in range(plan.nodes)]
         per = plan.per_node
@@ -242,7 +245,7 @@ class Swarm:
     def running(self, rank: Rank, seated: int) -> None:
         rank.state = "running"
         self.counts.welcomed += seated
-        heapq.heappush(self.timers, (time.monotonic() + 1.0, rank.number, "beat"))
+        heapq.heappush(self.timers, (time.monotonic() + self.every, rank.number, "beat"))
         if self.counts.welcomed == self.plan.ranks and not self.welcomed_all:
             self.welcomed_all = True
             self.say("welcomed", ranks=self.counts.welcomed)
@@ -256,10 +259,11 @@ class Swarm:
         if rank.state != "running":
             return
         if not rank.silent:
-            rank.step += 2  # two steps a second, each with its work time
+            steps = range(rank.step + 1, rank.step + 1 + 2 * self.every)  # two steps a second
+            rank.step = steps[-1]
             entries = []
             for number in rank.ranks:
-                work = [[s, self.work.seconds(number)] for s in (rank.step - 1, rank.step)]
+                work = [[s, self.work.seconds(number)] for s in steps]
                 progress = {"step": rank.step, "t": time.time(), "max_steps": 10**6, "samples_per_step": 64}
                 message, _ = agent_beat.beat(
                     {**progress, "work": work}, rank.sent_upto, 0.0, time.time(), "loss"
@@ -273,7 +277,7 @@ class Swarm:
             else:
                 self.send(rank, entries[0])
             self.counts.beats_sent += 1
-        heapq.heappush(self.timers, (now + 1.0, rank.number, "beat"))
+        heapq.heappush(self.timers, (now + self.every, rank.number, "beat"))
 
     # --- commands -------------------------------------------------------------------------------
 
@@ -353,11 +357,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steer", action="store_true", help="take commands on stdin")
     parser.add_argument("--relays", action="store_true", help="one connection per node, as the node relay")
     parser.add_argument("--work", choices=("healthy", "stragglers"), default="healthy", help="work per step")
+    parser.add_argument(
+        "--heartbeat-timeout", type=float, default=10.0, help="the master's: sets the beats' pace"
+    )
     args = parser.parse_args(argv)
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
     plan, secret = SwarmPlan(args.nodes, args.per_node), os.environ["SWARM_SECRET"]
-    swarm = Swarm(plan, args.port, args.job, secret, relays=args.relays, work=args.work)
+    swarm = Swarm(
+        plan,
+        args.port,
+        args.job,
+        secret,
+        relays=args.relays,
+        work=args.work,
+        heartbeat_timeout_s=args.heartbeat_timeout,
+    )
     swarm.say("slow_ranks", ranks=swarm.work.slow if args.work == "healthy" else [])
     signal.signal(signal.SIGTERM, lambda *_: setattr(swarm, "quitting", True))
     try:

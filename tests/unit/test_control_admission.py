@@ -281,3 +281,31 @@ def test_a_node_relay_needs_its_nodes_key_and_address(server):
         authenticate(Channel(peer_socket(server, "127.0.0.1")), relay_identity(server, node=NODE_B))
     with pytest.raises(ConnectionError, match="no rank of this job was launched there"):
         authenticate(Channel(peer_socket(server, "127.0.0.1")), relay_identity(server, node="node-z"))
+
+
+@pytest.mark.parametrize(("timeout_s", "fewest", "most"), [(3.0, 3, 4), (10.0, 1, 2)])
+def test_the_masters_beat_is_sealed_and_paced_by_the_timeout(fast_handshake, timeout_s, fewest, most):
+    """The beat a node judges the master by: sealed under the session, every second under a 3 s
+    timeout, every 2 s under the default 10 s (one a second to 1,000 nodes cost the master a sealed
+    send a node each), so four reach a node within its timeout."""
+    assert [protocol.beat_every(t) for t in (1.0, 3.0, 7.9, 8.0, 600.0)] == [1, 1, 1, 2, 2]
+    secret = protocol.new_token()
+    addresses = {NODE_A: {"127.0.0.1"}}
+    server = ControlServer("127.0.0.1", 0, JOB, timeout_s, secret, {0: NODE_A}, addresses=addresses)
+    server.start()
+    server.secret = secret  # type: ignore[attr-defined]
+    try:
+        sock = peer_socket(server, "127.0.0.1")
+        relay = Channel(sock)
+        authenticate(relay, relay_identity(server))
+        beats, deadline = 0, time.monotonic() + 3.5
+        while (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(left)
+            message = relay.receive()
+            if message is None:
+                break
+            assert message == messages.Beat(), message  # a Dropped here: a beat without a valid seal
+            beats += 1
+        assert fewest <= beats <= most
+    finally:
+        server.close()

@@ -8,6 +8,7 @@ an agent killed, the relay killed, the master gone, a rank the plan did not put 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import queue
 import signal
@@ -269,3 +270,25 @@ def test_an_agent_handing_over_sends_its_lines_through_the_relay_and_says_when_s
     assert set(lines[1]) == {"x"} and 40_000 < len(lines[1]) < 100_000  # cut to fit one line
     # The node keeps the whole line in the agent's own log.
     assert "x" * 100000 in (job_dir / "rank1.log").read_text()
+
+
+def test_the_relay_sends_its_nodes_summary_at_the_pace_of_the_heartbeat_timeout(cluster):
+    """Under a 30 s timeout a relay sums its node up every 2 s (protocol.beat_every), not every second:
+    1,000 nodes' summaries each second were most of the master's CPU; its ranks stay heard."""
+    server, agent, _ = cluster
+    heard: list[float] = []
+    apply = server.ranks.heard_summary
+
+    def counted(*args, **kwargs):
+        heard.append(time.monotonic())
+        apply(*args, **kwargs)
+
+    server.ranks.heard_summary = counted
+    agent(0, "sleep 20")
+    assert len(take(server, 1)) == 1
+    deadline = time.monotonic() + 12
+    while len(heard) < 4 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(heard)]
+    assert len(gaps) >= 3 and all(1.6 < gap < 2.6 for gap in gaps), gaps
+    assert server.running() == [0]

@@ -3,13 +3,13 @@
 The first agent of a job on a node starts it (`relay_join`); it authenticates to the master as the
 node (role "node", the node's key from the private file), then listens on a Unix socket in the
 job's directory (0700, and every peer's uid checked) for the node's agents. Each agent's lines come
-to the relay; the master gets one `summary` a second for the whole node (`relay_beats`: what the
-master's per-rank bookkeeping would work out, at a per-node cost), the ranks' output lines as they
-come (the direct launcher's: no ssh session carries them), each rank's exit at once, and `gone` for
-an agent that left without one. The master's stops and beats go to every agent, so an
-agent keeps its own rules: it stops its rank when the master's beats stop or its link closes. The
-relay ends once its last agent has left (or the master has: then every agent is cut off, which
-stops its rank at once).
+to the relay; the master gets one `summary` every 1–2 s for the whole node (`protocol.beat_every`;
+`relay_beats`: what the master's per-rank bookkeeping would work out, at a per-node cost), the
+ranks' output lines as they come (the direct launcher's: no ssh session carries them), each rank's
+exit at once, and `gone` for an agent that left without one. The master's stops and beats go to
+every agent, so an agent keeps its own rules: it stops its rank when the master's beats stop or its
+link closes. The relay ends once its last agent has left (or the master has: then every agent is cut
+off, which stops its rank at once).
 
     python -m gaudi_cluster.rank.relay --job-id J --job-root R --control HOST:PORT --heartbeat-timeout S
 
@@ -90,8 +90,8 @@ class Relay:
         )
         self.node = private.node
         self.master = connect_and_authenticate(self.control, me, timeout_s)
-        # The master beats every second: this much silence is a master lost (a partition), and a
-        # send blocked this long (its window full) fails instead of hanging the relay.
+        # The master beats at least four times within it: this much silence is a master lost (a
+        # partition), and a send blocked this long (its window full) fails instead of hanging the relay.
         self.master.settimeout(self.heartbeat_timeout_s)
 
     def send_master(self, message: messages.Message) -> bool:
@@ -154,19 +154,22 @@ class Relay:
             self.to_agents(message)
 
     def tick(self) -> None:
-        """Once a second: the node's beats to the master; the relay's end once its agents are gone."""
+        """Once a second: the relay's end once its agents are gone; every beat_every seconds, the node's
+        summary to the master."""
+        every, second = protocol.beat_every(self.heartbeat_timeout_s), 0
         while not self.done.wait(protocol.BEAT_INTERVAL_S):
+            second += 1
             try:
-                self._tick()
+                self._tick(summary=second % every == 0)
             except Exception as error:  # one second's summary, never the relay (this is its main thread)
                 say(f"the node's summary failed this second: {type(error).__name__}: {error}")
 
-    def _tick(self) -> None:
+    def _tick(self, summary: bool = True) -> None:
         assert self.master is not None
         with self.lock:
-            beats = self.beats.message(sorted(self.links), time.monotonic())
+            beats = self.beats.message(sorted(self.links), time.monotonic()) if summary else None
             idle = not self.links and not self.joining
-        if not self.send_master(beats) and not self.master.closed:
+        if beats is not None and not self.send_master(beats) and not self.master.closed:
             # Its hot lists alone always fit (numbers, MAX_RANKS_PER_NODE of each): the node's ranks
             # stay heard even when their steady fields and work times did not fit a line.
             self.send_master(replace(beats, steady=(), work=()))

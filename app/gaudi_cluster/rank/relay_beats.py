@@ -1,4 +1,4 @@
-"""What a node relay tells the master of its ranks each second: one `summary`, at a per-node cost. Pure.
+"""What a node relay tells the master of its ranks every 1–2 s: one `summary`, at a per-node cost. Pure.
 
 Each agent beats its relay every second (`agent_beat`); the relay keeps, per rank, its newest fields
 and its recent work times, and works out what the master would: the median work per step

@@ -36,7 +36,8 @@ from gaudi_cluster.wire import messages, protocol
 from gaudi_cluster.wire.channel import encode
 
 log = logging.getLogger("gaudi_cluster.supervise.control")
-_MASTER_BEAT = messages.Beat()
+# Rendered once: the same beat goes to every node, only its seal differs.
+_MASTER_BEAT = encode(messages.render(messages.Beat())).rstrip(b"\n")
 
 
 class EventKind(enum.Enum):
@@ -120,6 +121,7 @@ class ControlServer(SelectorServer):
         self._sessions: set[_Agent] = set()  # every seated connection (a rank's or a relay's)
         self._relays: dict[str, _Agent] = {}  # node -> its relay's connection
         self._pending: dict[int, _Agent] = {}  # handshakes under way, oldest (first deadline) first
+        self._beat_every = protocol.beat_every(heartbeat_timeout_s)
         # Ticks of a quarter of the beat interval: a handshake's deadline is enforced within 0.25 s.
         super().__init__(bind, port, protocol.BEAT_INTERVAL_S / 4, "control")
 
@@ -155,7 +157,7 @@ class ControlServer(SelectorServer):
     def _tick(self, ticks: int) -> None:
         self._expire_handshakes()
         if ticks % 4 == 0:
-            self._beat()
+            self._beat(ticks // 4)
 
     def _accept_failed(self, code: str) -> None:
         self.gate.refuse("the listener", f"accept failed ({code})")
@@ -367,12 +369,15 @@ class ControlServer(SelectorServer):
         for conn in expired:  # a handshake has one deadline, however slowly its bytes trickle in
             self._ended(conn, "timed out")
 
-    def _beat(self) -> None:
+    def _beat(self, second: int) -> None:
+        """Every second: the silent ranks are lost; every few seconds, the master's beat to the others."""
         live, lost = self.ranks.silent(self._clock(), self.heartbeat_timeout_s)
-        beating = {conn for rank in live if (conn := self._by_rank.get(rank)) is not None}
-        beating.update(self._relays.values())  # a relay still joining its ranks hears the master too
-        for conn in beating:
-            self._send(conn, _MASTER_BEAT)
+        if second % self._beat_every == 0:
+            beating = {conn for rank in live if (conn := self._by_rank.get(rank)) is not None}
+            beating.update(self._relays.values())  # a relay still joining its ranks hears the master too
+            for conn in beating:
+                if not conn.closed and conn.session is not None:
+                    self._write(conn, conn.session.seal_line(_MASTER_BEAT))
         for agent, silent_for in lost:
             reason = f"no heartbeat for {silent_for:.0f}s (network partition or frozen node)"
             self.events.put(ControlEvent(EventKind.LOST, agent.host, agent.rank, reason=reason))

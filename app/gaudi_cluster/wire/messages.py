@@ -43,7 +43,7 @@ class MessageType(enum.Enum):
     JOIN = "join"  # agent -> relay -> master: a rank asks for its seat
     SEATED = "seated"  # master -> relay -> agent: the rank may start
     BEAT = "beat"  # both ways: a sign of life (from an agent, its rank's progress)
-    SUMMARY = "summary"  # relay -> master: every rank of the node, once a second
+    SUMMARY = "summary"  # relay -> master: every rank of the node, every protocol.beat_every s
     OUTPUT = "output"  # agent -> relay -> master: a rank's output lines (the direct launcher's)
     EXIT = "exit"  # agent -> relay -> master: a rank ended
     GONE = "gone"  # relay -> master: an agent left without an exit
@@ -220,9 +220,10 @@ class Beat:
 
 @dataclass(frozen=True, slots=True)
 class Summary:
-    """A relay's word for every rank of its node, once a second: one flat list per hot field (the
-    master applies each by slice; None: not known, or unchanged), a rank's median work per step and
-    its steady fields only when they changed, its work history in buckets every WORK_FLUSH_S.
+    """A relay's word for every rank of its node, every 1–2 s (protocol.beat_every): one flat list per
+    hot field (the master applies each by slice; None: not known, or unchanged), a rank's median work
+    per step and its steady fields only when they changed, its work history in buckets every
+    WORK_FLUSH_S.
     On the line every list is flat (a work entry is [rank, step, seconds, steps, step, ...]): a JSON
     list of numbers is what a parser reads fastest."""
 
@@ -265,7 +266,7 @@ def _numbers(
     message: Mapping[str, Any], name: str, sizes: tuple[int, ...] | None, kind: type, nullable: bool = False
 ) -> list[Any]:
     """A list of non-negative finite numbers of this kind (None too when nullable), its length one
-    of sizes (any: None), checked at C speed where it can be: a summary is 1,000 lines a second."""
+    of sizes (any: None), checked at C speed where it can be: a summary is 500–1,000 lines a second."""
     value = message.get(name, [])
     if type(value) is not list or (sizes is not None and len(value) not in sizes):
         length = "" if sizes is None else f" of length {' or '.join(map(str, sizes))}"
