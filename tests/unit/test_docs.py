@@ -63,6 +63,7 @@ EXTERNAL_FLAGS = {
     "named as what is refused (no flag is abbreviated)": "--master",
     "the AWS CLI": "--latest --region --profile --query --output",
     "systemctl / journalctl": "--now --unit --follow",
+    "py-spy (the profiles docs/benchmarks.md cites)": "--gil",
 }
 
 
