@@ -334,9 +334,9 @@ def test_a_slow_rank_is_named_with_its_host_and_device(make_cluster):
     cluster.wait_healthy(cluster.worker_names)
     slow = "GAUDI_CLUSTER_SLOW_RANK=2;GAUDI_CLUSTER_SLOW_MS=700"
     # 16 steps, rank 2 0.7 s slower in each: far above the 1.3x threshold (the others' work is about
-    # 0.06 s a step), and slow enough that the master's once-a-second check sees most steps (0.4 s
-    # steps were judged too seldom to make the 5 slow ones in a row). The 3 warm-up steps, then those
-    # 5, with room to spare (the default job's 40 took a minute longer).
+    # 0.06 s a step). The check counts the new steps each summary of its node carries (one every 2 s
+    # here), so the 3 warm-up steps, then 5 slow ones, with room to spare (the default job's 40 took a
+    # minute longer).
     env = {"GAUDI_CLUSTER_ENV": slow, "GAUDI_CLUSTER_STATUS_INTERVAL": "5"}
     cluster.start_master(short_job(16, save_steps=16), extra_env=env)
     assert cluster.wait_master(timeout_s=600) == 0, cluster.logs(cluster.master)[-4000:]

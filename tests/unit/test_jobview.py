@@ -20,6 +20,7 @@ from gaudi_cluster.view.jobview import (
 )
 from gaudi_cluster.view.liveview import LiveView
 from gaudi_cluster.wire import messages
+from gaudi_cluster.wire.work_window import WINDOW
 
 from tests.support.reports import as_reports
 
@@ -49,6 +50,19 @@ def test_the_slow_rank_is_named_once_after_it_stayed_slow_over_new_steps():
     (straggler,) = flagged[4]
     assert (straggler.host, straggler.rank, straggler.local_rank) == ("w1", 3, 1)
     assert straggler.line().startswith("straggler: host w1 rank 3 (device 1) takes 2.0x")
+
+
+def test_a_summary_carrying_several_new_steps_counts_each_of_them():
+    """A node's summary every 2 s brings a rank's steps two or three at a time: the rank is named after
+    SUSTAIN slow steps (its first judgment counts one), not after SUSTAIN summaries."""
+    watch = StragglerWatch()
+    flagged = [watch.check(agents(slow_rank=3, steps=step)) for step in (6, 9, 12)]
+    assert [len(new) for new in flagged] == [0, 0, 1]
+    assert watch.streak[3] == 1 + 3 + 3
+    watch = StragglerWatch()
+    watch.check(agents(slow_rank=3, steps=6))
+    assert watch.check(agents(slow_rank=3, steps=6 + 100)) != []  # a jump counts WINDOW steps at most
+    assert watch.streak[3] == 1 + WINDOW
 
 
 def test_checks_that_see_no_new_step_do_not_count():

@@ -153,7 +153,7 @@ def test_a_work_step_past_64_bits_from_a_progress_file_spares_the_node(node, cap
     first, second = node.agent(0), node.agent(1)
     assert len(node.events(2)) == 2
     first.send(messages.Beat(step=3, progress_age=0.0, work=((2**63, 0.5),)))
-    time.sleep(1.5)  # a summary (with its work, at once the first time) went out meanwhile
+    time.sleep(protocol.beat_every(30.0) + 0.5)  # a summary (with its work, at once the first time) went out
     assert_the_node_goes_on(node, second, 1)
     assert "dropped a line from an agent (rank 0: work" in capsys.readouterr().out
 

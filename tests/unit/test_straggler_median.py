@@ -17,6 +17,7 @@ from gaudi_cluster.view.jobview import (
     median_without,
     median_work,
 )
+from gaudi_cluster.wire.work_window import WINDOW
 
 
 @dataclass
@@ -34,12 +35,14 @@ class QuadraticWatch:
             mine = works.get(agent.rank)
             others = [w for rank, w in works.items() if rank != agent.rank]
             newest = agent.recent_work[-1][0] if agent.recent_work else None
-            if mine is None or not others or newest is None or newest == self.judged_step.get(agent.rank):
+            judged = self.judged_step.get(agent.rank)
+            if mine is None or not others or newest is None or newest == judged:
                 continue
             self.judged_step[agent.rank] = newest
             typical = statistics.median(others)
             slow = typical > 0 and mine > SLOW_RATIO * typical
-            self.streak[agent.rank] = self.streak.get(agent.rank, 0) + 1 if slow else 0
+            steps = 1 if judged is None else min(max(newest - judged, 1), WINDOW)
+            self.streak[agent.rank] = self.streak.get(agent.rank, 0) + steps if slow else 0
             if self.streak[agent.rank] >= SUSTAIN and agent.rank not in self.flagged:
                 self.flagged[agent.rank] = Straggler(agent.host, agent.rank, agent.local_rank, mine, typical)
                 new.append(self.flagged[agent.rank])

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gaudi_cluster.view.history import WorkHistory
-from gaudi_cluster.wire.work_window import window_median
+from gaudi_cluster.wire.work_window import WINDOW, window_median
 
 
 @dataclass
@@ -147,7 +147,11 @@ class Straggler:
 
 @dataclass
 class StragglerWatch:
-    """Flags each slow rank once it has been slow over SUSTAIN new steps in a row."""
+    """Flags each slow rank once it has been slow over SUSTAIN new steps in a row.
+
+    A judgment counts the new steps it covers (at most WINDOW, the steps its median spans; a rank's
+    first counts one): a node's summary comes every 1-2 s and may carry several steps, and a rank is
+    named after the same number of slow steps whatever that pace."""
 
     streak: dict[int, int] = field(default_factory=dict)
     judged_step: dict[int, int] = field(default_factory=dict)  # a rank's newest step already judged
@@ -162,12 +166,14 @@ class StragglerWatch:
         for rank in table.ranks:
             mine = works.get(rank)
             newest = timed[rank]
-            if mine is None or len(ordered) < 2 or newest is None or newest == self.judged_step.get(rank):
+            judged = self.judged_step.get(rank)
+            if mine is None or len(ordered) < 2 or newest is None or newest == judged:
                 continue
             self.judged_step[rank] = newest
             typical = median_without(ordered, mine)
             slow = typical > 0 and mine > SLOW_RATIO * typical
-            self.streak[rank] = self.streak.get(rank, 0) + 1 if slow else 0
+            steps = 1 if judged is None else min(max(newest - judged, 1), WINDOW)
+            self.streak[rank] = self.streak.get(rank, 0) + steps if slow else 0
             if self.streak[rank] >= SUSTAIN and rank not in self.flagged:
                 self.flagged[rank] = Straggler(table.host[rank], rank, table.local_rank[rank], mine, typical)
                 new.append(self.flagged[rank])
