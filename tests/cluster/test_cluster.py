@@ -128,7 +128,9 @@ def test_default_job_trains_across_three_containers(make_cluster, tmp_path):
     steps = [s for text in scrapes if (s := sample(text, "gaudi_cluster_step")) is not None]
     assert len(set(steps)) >= 2 and steps == sorted(steps), (steps, scrapes[-1:])
     # A scrape while every rank was connected (a rank that has exited leaves the per-rank series).
-    last = max(scrapes, key=lambda text: text.count("gaudi_cluster_rank_work_seconds{"))
+    # The latest such scrape: the cluster's samples/s needs two distinct steps seen by the master, and
+    # its nodes' summaries come every 2 s.
+    last = max(reversed(scrapes), key=lambda text: text.count("gaudi_cluster_rank_work_seconds{"))
     for rank, host in ((0, "master"), (1, "worker-1"), (2, "worker-2")):
         assert sample(last, "gaudi_cluster_rank_work_seconds", host=host, rank=str(rank)) is not None, last
         assert sample(last, "gaudi_cluster_rank_heartbeat_age_seconds", host=host, rank=str(rank)) < 10
