@@ -87,7 +87,9 @@ def markdown(rows: list[Row], meta: dict) -> str:
         )
         figure = row.figure.replace("|", "\\|")
         if row.note:
-            figure += f" <br><sub>{row.note.replace('|', '/')[:400]}</sub>"
+            # A note can carry a failed run's log tail: one line, or the table row breaks.
+            note = " ".join(row.note.split()).replace("|", "/")
+            figure += f" <br><sub>{note[:400]}</sub>"
         lines.append(
             f"| {figure} | {fmt_median(row.ours, row.unit)} | {theirs} | {fmt_ratio(row)} | {runs} | "
             f"{spread} | {row.target.text if row.target else ''} | {fmt_met(row)} |"
