@@ -97,12 +97,14 @@ test-quick: venv host-tools ## unit, in-process and offline k8s tests (no Docker
 	base=$$(mktemp -d /tmp/gc.XXXXXX); $(PY) -m pytest -q $(XDIST) --basetemp="$$base" $(QUICK_TESTS); rm -rf "$$base"
 
 # make test: the quick tests and tests/image (testinfra on the built images: one xdist group, so one
-# worker and one set of its containers) on four workers first, then everything else serially: the
-# Docker tests time failure detection, which a second worker on two cores would slow (that stage
-# leaves about a third of the 2 cores idle, waiting on those timeouts). The first stage took 186 s
-# warm against 260 s for the three parts one after another. tests/ohabana stays in the
-# serial stage: beside three other workers one of its two-rank trainings aborted (SIGABRT, "terminate
-# called without an active exception") once in two runs.
+# worker and one set of its containers) on four workers first, then the Docker and training tests on
+# two workers, one lane each (tests/conftest.py: GROUPS): the cluster tests that bound how fast a fault
+# is named run one job at a time in the timed lane, as they did serially, and the trainings, Slurm and
+# the Kubernetes contract fill the time it spends waiting on heartbeats and teardowns (serially that
+# stage left about a third of the 2 cores idle: 1,159 s on 12-06). The first stage took 186 s warm
+# against 260 s for the three parts one after another. tests/ohabana stays out of the first stage:
+# beside three other workers one of its two-rank trainings aborted (SIGABRT, "terminate called
+# without an active exception") once in two runs.
 # The optimum-habana test venvs (pip installs from local wheels: about 80 s on a fresh clone) build
 # beside the images, before any test: beside the pure tests they cost those 60 s. tests/ohabana then
 # finds them up to date, or builds one itself and shows why it failed (logs: build/ohabana-PROFILE.log).
@@ -114,7 +116,8 @@ test: venv host-tools wheelhouse ## all tests (builds the cpu image; needs a Doc
 	$(MAKE) image-cpu image-gaudi-standin; code=$$?; wait; exit $$code
 	base=$$(mktemp -d /tmp/gc.XXXXXX); \
 	$(PY) -m pytest -q $(XDIST) --basetemp="$$base" --durations=10 $(QUICK_TESTS) tests/image; rm -rf "$$base"
-	$(PY) -m pytest -q --durations=25 tests $(addprefix --ignore=,$(QUICK_TESTS) tests/image)
+	base=$$(mktemp -d /tmp/gc.XXXXXX); $(PY) -m pytest -q -n 2 --dist loadgroup --basetemp="$$base" \
+	  --durations=25 tests $(addprefix --ignore=,$(QUICK_TESTS) tests/image); rm -rf "$$base"
 
 base-image: ## the Debian 12 base of the cpu flavor (pulled, or debootstrapped offline)
 	scripts/make-base-image.sh $(BASE_IMAGE_CPU)

@@ -31,7 +31,7 @@ from tests.support.docker import (
 )
 from tests.support.image_scan import scan_layers
 
-pytestmark = [pytest.mark.docker, pytest.mark.xdist_group("image")]  # one worker: one container set
+pytestmark = [pytest.mark.docker]  # one xdist worker: tests/conftest.py GROUPS
 
 PROFILE = profiles.load().profile("gaudi")
 FORK = f"file://{ROOT}/build/gaudi-standin/deepspeed-fork.git"

@@ -29,7 +29,7 @@ from tests.support.docker import (
 )
 from tests.support.image_scan import LayerScan, scan_layers
 
-pytestmark = [pytest.mark.docker, pytest.mark.xdist_group("image")]  # one worker: one container set
+pytestmark = [pytest.mark.docker]  # one xdist worker: tests/conftest.py GROUPS
 
 VENV_PY = "/opt/venv/bin/python"
 BASE_IMAGE = "gaudi-cluster/debian:bookworm"  # the cpu flavor's base (make base-image)
