@@ -98,8 +98,11 @@ def hold(image, cluster_keys, tmp_path_factory) -> Iterator[Callable[..., HeldCl
             cluster.start_workers()
             cluster.wait_healthy(cluster.worker_names)
             cluster.start_master(extra_env={"GAUDI_CLUSTER_HOLD": "1", **(master_env or {})})
+            # Its "cluster ready" line, not the hostfile: that is written while it prepares, before it
+            # removes the staged private files and closes its ssh connections (a test that looked then
+            # found its control masters still up, on two busy cores).
             deadline = time.monotonic() + 120
-            while cluster.exec(cluster.master, "test", "-s", "/run/gaudi-cluster/hostfile").returncode != 0:
+            while "gaudi-cluster: cluster ready;" not in cluster.logs(cluster.master):
                 assert time.monotonic() < deadline, cluster.all_logs()
                 time.sleep(0.5)
         except BaseException:
