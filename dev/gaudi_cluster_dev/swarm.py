@@ -194,7 +194,11 @@ class Swarm:
     def receive(self, rank: Rank, line: bytes) -> None:
         try:
             body = rank.session.open(line) if rank.session is not None else line
-            allowed = messages.FROM_MASTER if rank.session is not None else messages.FROM_MASTER_HANDSHAKE
+            allowed = (
+                (messages.TO_RELAY if rank.relay else messages.FROM_MASTER)
+                if rank.session is not None
+                else messages.FROM_MASTER_HANDSHAKE
+            )
             message: messages.Message | None = messages.parse_line(body, allowed)
         except (protocol.Unsealed, messages.BadMessage):
             message = None
@@ -239,6 +243,8 @@ class Swarm:
             self.last_stop = time.monotonic()
             self.first_stop = self.first_stop or self.last_stop
             self.exit(rank, {"code": 143, "signal": 15, "tail": [], "stop_reason": "stopped"})
+        elif isinstance(message, messages.Unstage):
+            pass  # a swarm node has no private file to remove
         else:
             self.counts.beats_received += 1
 

@@ -80,6 +80,16 @@ def ssh_clients(cluster) -> list[str]:
     return found
 
 
+def private_files(cluster) -> dict[str, str]:
+    """The job's private files still on each node (master and workers)."""
+    found = {}
+    for name in (cluster.master, *cluster.worker_names):
+        done = cluster.exec(name, "sh", "-c", "ls /run/gaudi-cluster/jobs/*/private.json 2>/dev/null || true")
+        if done.stdout.strip():
+            found[name] = done.stdout.strip()
+    return found
+
+
 def summary_line(log: str) -> str:
     lines = [line for line in log.splitlines() if re.match(r"gaudi-cluster: job \S+ failed:", line)]
     assert len(lines) == 1, log[-3000:]
@@ -105,6 +115,8 @@ def test_killed_worker_stops_the_job_everywhere_and_is_named(make_cluster, launc
         # Once the ranks are in, their output and exits travel over the node relays: the launch
         # sessions have ended and the shared connections with them (issue 33).
         assert wait_for(lambda: not ssh_clients(cluster), 15), ssh_clients(cluster)
+        # and each node's relay removed its private file (the node key, --env-pass values)
+        assert wait_for(lambda: not private_files(cluster), 15), private_files(cluster)
     victim = cluster.worker(2)
     docker("kill", victim)
     killed_at = time.monotonic()

@@ -292,3 +292,24 @@ def test_the_relay_sends_its_nodes_summary_at_the_pace_of_the_heartbeat_timeout(
     gaps = [later - earlier for earlier, later in itertools.pairwise(heard)]
     assert len(gaps) >= 3 and all(1.6 < gap < 2.6 for gap in gaps), gaps
     assert server.running() == [0]
+
+
+def test_once_every_rank_is_in_the_relay_removes_its_nodes_private_file_on_the_masters_word(cluster):
+    """Issue 33: the relay, not the master's ssh (or srun), removes the node's private file once every
+    rank has checked in (each agent read it before its hello); the ranks run on."""
+    server, agent, job_dir = cluster
+    agents = [agent(rank, "sleep 2; exit 0") for rank in range(4)]
+    assert {e.rank for e in take(server, 4)} == {0, 1, 2, 3}
+    assert (job_dir / jobdir.PRIVATE_FILE).exists()
+    assert server.unstage_on_relays() == {NODE}
+    deadline = time.monotonic() + 5
+    while (job_dir / jobdir.PRIVATE_FILE).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not (job_dir / jobdir.PRIVATE_FILE).exists()
+    assert [process.wait(timeout=10) for process in agents] == [0, 0, 0, 0]
+    assert {e.rank: e.code for e in take(server, 4)} == {0: 0, 1: 0, 2: 0, 3: 0}
+
+
+def test_no_relay_told_when_none_is_seated(cluster):
+    server, _agent, _job_dir = cluster
+    assert server.unstage_on_relays() == frozenset()

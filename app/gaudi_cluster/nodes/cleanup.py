@@ -17,11 +17,15 @@ log = logging.getLogger("gaudi_cluster.nodes.cleanup")
 REAP_TIMEOUT_S = 10.0
 
 
-def remove_private_files(survey: NodeSurvey, job_root: str) -> None:
-    """Delete the private file the survey staged on every node: once every agent read it (all ranks
+def remove_private_files(survey: NodeSurvey, job_root: str, unstaged: Set[str] = frozenset()) -> None:
+    """Delete the private file the survey staged on every node but those whose relay removed it
+    (`unstaged`: their names in the plan, the survey's hosts): once every agent read it (all ranks
     checked in), or at once when the attempt ends before its launch."""
     path = str(jobdir.job_dir(job_root, survey.job_id) / jobdir.PRIVATE_FILE)
-    hosts = (*survey.hosts, *survey.spares)  # a spare's probe staged one too, though it runs no rank
+    # A spare's probe staged one too, though it runs no rank (and has no relay).
+    hosts = [host for host in (*survey.hosts, *survey.spares) if host not in unstaged]
+    if not hosts:
+        return
     replies = survey.reach.run(hosts, ["rm", "-f", path], timeout_s=10, label="gc-unstage")
     for host in sorted(failures(replies)):
         log.warning(

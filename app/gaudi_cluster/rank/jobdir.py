@@ -142,6 +142,11 @@ def relay_socket_path(directory: Path) -> str:
     return f"/proc/self/fd/{fd}/{RELAY_SOCKET}"
 
 
+def remove_private(directory: Path) -> None:
+    """Delete the node's private file once every agent has read it (gone already: nothing to do)."""
+    (directory / PRIVATE_FILE).unlink(missing_ok=True)
+
+
 def read_private(directory: Path) -> PrivatePayload | None:
     """The private payload, or None when the master staged none (e.g. a hand-started agent) or the
     file is not one this version writes (the agent then has no key, and the master refuses it)."""

@@ -108,7 +108,7 @@ class Relay:
     def from_master(self) -> None:
         assert self.master is not None
         try:
-            while (message := self.master.receive(messages.FROM_MASTER)) is not None:
+            while (message := self.master.receive(messages.TO_RELAY)) is not None:
                 try:
                     self._from_master(message)
                 except Exception as error:  # no line may end the node's link to the master
@@ -152,6 +152,8 @@ class Relay:
                     link.channel.close()
         elif isinstance(message, messages.Stop | messages.Beat):
             self.to_agents(message)
+        elif isinstance(message, messages.Unstage):
+            jobdir.remove_private(self.job_dir)
 
     def tick(self) -> None:
         """Once a second: the relay's end once its agents are gone; every beat_every seconds, the node's

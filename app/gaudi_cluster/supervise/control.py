@@ -25,6 +25,8 @@ import queue
 import socket
 import time
 from collections.abc import Callable, Collection, Mapping
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 
 from gaudi_cluster.supervise.admission import Gate, Handshake, Refused, Seat
@@ -151,6 +153,25 @@ class ControlServer(SelectorServer):
         """Ask every connected agent to stop its rank (SIGTERM, then SIGKILL after grace_s); returns
         at once, the loop sends."""
         self.call(lambda: self._send_all(messages.Stop(grace=grace_s)))
+
+    def unstage_on_relays(self, timeout_s: float = 5.0) -> frozenset[str]:
+        """Tell every node's relay to remove its node's private file (call it once every rank has
+        checked in: each agent has read it by then); the nodes told. A node without a relay, or
+        every node if the loop does not answer within timeout_s, is left to the caller."""
+        told: Future[frozenset[str]] = Future()
+
+        def send() -> None:
+            try:
+                for conn in self._relays.values():
+                    self._send(conn, messages.Unstage())
+            finally:  # a relay whose write failed is closed by now: not told
+                told.set_result(frozenset(node for node, conn in self._relays.items() if not conn.closed))
+
+        self.call(send)
+        try:
+            return told.result(timeout_s)
+        except FutureTimeout:
+            return frozenset()
 
     # --- the loop's thread ----------------------------------------------------------------------
 

@@ -48,6 +48,7 @@ class MessageType(enum.Enum):
     EXIT = "exit"  # agent -> relay -> master: a rank ended
     GONE = "gone"  # relay -> master: an agent left without an exit
     STOP = "stop"  # master -> relay -> agent: stop the rank
+    UNSTAGE = "unstage"  # master -> relay: every rank checked in; remove the node's private file
 
 
 # --- the messages ---------------------------------------------------------------------------------
@@ -419,6 +420,18 @@ class Stop:
         return cls(optional_number(message, "grace"), reason[:1024] if reason else None)
 
 
+@dataclass(frozen=True, slots=True)
+class Unstage:
+    """Every rank of the attempt has checked in, so every agent has read the node's private file: the
+    relay removes it (the master's ssh or srun no longer has to)."""
+
+    TYPE: ClassVar[MessageType] = MessageType.UNSTAGE
+
+    @classmethod
+    def parse(cls, message: Mapping[str, Any]) -> Unstage:
+        return cls()
+
+
 Message = (
     Challenge
     | Hello
@@ -433,6 +446,7 @@ Message = (
     | Exit
     | Gone
     | Stop
+    | Unstage
 )
 _MESSAGE_KINDS = (
     Challenge,
@@ -448,6 +462,7 @@ _MESSAGE_KINDS = (
     Exit,
     Gone,
     Stop,
+    Unstage,
 )
 _PARSERS: dict[str, Callable[[Mapping[str, Any]], Message]] = {
     kind.TYPE.value: kind.parse for kind in _MESSAGE_KINDS
@@ -461,6 +476,7 @@ FROM_RELAY_SESSION = frozenset(
 )
 FROM_MASTER_HANDSHAKE = frozenset({MessageType.CHALLENGE, MessageType.WELCOME, MessageType.REFUSED})
 FROM_MASTER = frozenset({MessageType.SEATED, MessageType.REFUSED, MessageType.STOP, MessageType.BEAT})
+TO_RELAY = FROM_MASTER | {MessageType.UNSTAGE}  # what a relay takes from the master (never forwarded)
 # at the relay's socket
 FROM_AGENT = frozenset({MessageType.JOIN, MessageType.BEAT, MessageType.OUTPUT, MessageType.EXIT})
 ANY = frozenset(MessageType)
