@@ -171,8 +171,11 @@ def make_trainer_class(base: type) -> type:
                 faults.hit("before_marker", step)
                 if writer:
                     checkpoints.write_marker(ckpt, step, self.args.world_size)
-                faults.hit("after_marker", step)
                 self.accelerator.wait_for_everyone()
+                # After the barrier: every writer's marker is on disk. Right after its own, a rank that
+                # died could beat a slower peer's marker to the teardown (a busy node), and the save
+                # the fault means to leave complete everywhere was not.
+                faults.hit("after_marker", step)
             except Exception as exc:
                 if checkpoints.disk_full(exc, ckpt):
                     raise disk_full_error(step, ckpt) from exc

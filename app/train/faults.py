@@ -11,7 +11,7 @@ this process is global rank R (default ``GAUDI_CLUSTER_FAULT_RANK``, else 0), in
   after_files       every file written, before the barrier that precedes the markers: die
   before_marker     after that barrier: die without a marker, a second later (the peers write theirs:
                     detecting a dead node takes far longer than writing a marker)
-  after_marker      this rank's marker written, before rotation: die
+  after_marker      every writer's marker written (the barrier after them passed), before rotation: die
   during_rotation   the first checkpoint to remove is renamed, not yet deleted: die
   sigterm           at the end of STEP (not a save point): SIGTERM the container's PID 1, go on
 
