@@ -97,12 +97,12 @@ def prepare_attempt(
         raise
 
 
-def all_in(survey: NodeSurvey, job_root: str, server: ControlServer) -> None:
+def all_in(survey: NodeSurvey, job_root: str, unstaged: frozenset[str]) -> None:
     """Every rank checked in (each agent has read its private file, each node's ranks speak through
     its relay): the private files go, each removed by its node's relay (over ssh or srun only where
     no relay was told: a spare, a node whose relay is gone), and so do the ssh connections the launch
     no longer needs."""
-    cleanup.remove_private_files(survey, job_root, server.unstage_on_relays())
+    cleanup.remove_private_files(survey, job_root, unstaged)
     survey.reach.release()
 
 
@@ -132,7 +132,7 @@ def run_attempt(job: PreparedJob, context: AttemptContext) -> AttemptResult:
         job.ranks_by_host,
         settings.supervise,
         out,
-        on_all_started=lambda: all_in(job.survey, settings.job_root, server),
+        on_all_started=lambda: all_in(job.survey, settings.job_root, server.unstage_on_relays()),
         on_first_step=report_plot.warm_up_plotting,
         rank_logs=RankLogs(job.job_dir / RANKS_DIR),
     )
