@@ -130,6 +130,11 @@ def test_killed_worker_stops_the_job_everywhere_and_is_named(make_cluster, launc
         assert wait_for(lambda s=survivor: not job_processes(cluster, s), 15), job_processes(
             cluster, survivor
         )
+    # The survivors' relays reaped their nodes after the stop: the master reached none of them to
+    # clean up (issue 33), and skipped the dead one.
+    report = json.loads((cluster.output_dir / "job_report.json").read_text())
+    cleaned = {how: sorted(nodes) for how, nodes in report["cleanup"].items()}
+    assert cleaned == {"by_relay": ["master", "worker-1"], "by_master": [], "skipped": ["worker-2"]}
 
 
 def test_network_partition_ends_the_job_within_30s_naming_the_node(make_cluster):

@@ -313,3 +313,68 @@ def test_once_every_rank_is_in_the_relay_removes_its_nodes_private_file_on_the_m
 def test_no_relay_told_when_none_is_seated(cluster):
     server, _agent, _job_dir = cluster
     assert server.unstage_on_relays() == frozenset()
+
+
+def gone_or_zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_gone(pid: int, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not gone_or_zombie(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return gone_or_zombie(pid)
+
+
+def wait_for_rank(job_dir: Path, rank: int) -> int:
+    """The rank's process group, from its pid file (written once the rank started)."""
+    pid_file, deadline = job_dir / f"rank{rank}.pid", time.monotonic() + 10
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return int(pid_file.read_text().split()[0])
+
+
+def test_after_the_stop_the_relay_reaps_a_rank_whose_agent_was_killed_and_says_so(cluster):
+    """Issue 33: the relay, not the master's ssh (or srun), kills what the job's pid files still name
+    once the master said stop and its agents have left, and tells the master."""
+    server, agent, job_dir = cluster
+    agents = [agent(rank, "sleep 60") for rank in range(2)]
+    assert len(take(server, 2)) == 2
+    relay = relay_process(job_dir)
+    assert relay is not None
+    orphan = wait_for_rank(job_dir, 1)
+    agents[1].send_signal(signal.SIGKILL)  # its rank's process group lives on
+    assert [e.kind for e in take(server, 1)] == [EventKind.LOST]
+    assert not gone_or_zombie(orphan)
+    server.stop_all(0.0)
+    assert server.reaped_by_relays(10.0) == {NODE}
+    assert wait_gone(orphan), "the orphaned rank outlived the relay's reap"
+    assert agents[0].wait(timeout=10) != 0
+    relay.wait(timeout=10)  # it ends with its reap, no linger
+    assert not (job_dir / "rank1.pid").exists() and not (job_dir / jobdir.PRIVATE_FILE).exists()
+
+
+def test_an_agent_that_does_not_end_is_killed_at_the_stops_deadline(cluster):
+    server, agent, job_dir = cluster
+    agents = [agent(rank, "sleep 60") for rank in range(2)]
+    assert len(take(server, 2)) == 2
+    rank = wait_for_rank(job_dir, 0)
+    agents[0].send_signal(signal.SIGSTOP)  # it cannot act on the stop
+    server.stop_all(0.0)
+    began = time.monotonic()
+    assert server.reaped_by_relays(10.0) == {NODE}
+    assert 1.0 < time.monotonic() - began < 8.0  # the relay waited out the stop's margin, not more
+    assert agents[0].wait(timeout=10) == -signal.SIGKILL
+    assert wait_gone(rank)
+
+
+def test_no_reap_is_awaited_without_a_stop(cluster):
+    server, agent, _ = cluster
+    agent(0, "sleep 60")
+    assert len(take(server, 1)) == 1
+    began = time.monotonic()
+    assert server.reaped_by_relays(5.0) == frozenset()
+    assert time.monotonic() - began < 5.5

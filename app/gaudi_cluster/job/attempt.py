@@ -155,23 +155,27 @@ def run_attempt(job: PreparedJob, context: AttemptContext) -> AttemptResult:
         out.write(f"gaudi-cluster: job {job.job_id}: spares (idle, no ranks): {', '.join(spares)}\n")
         out.flush()
     started, launched_at = time.monotonic(), time.time()
+    reaped: frozenset[str] = frozenset()
     try:
         outcome = supervisor.run()
+        if outcome.leaves_processes:  # each relay reaps its node after the stop
+            reaped = server.reaped_by_relays(cleanup.REAP_TIMEOUT_S)
     finally:
         ended_at = time.time()
         server.close()
         status.close()
     lost = frozenset(supervisor.lost_hosts) | ({outcome.lost_host} if outcome.lost_host else set())
+    cleaned: cleanup.Cleanup | None = None
     try:
         if outcome.leaves_processes:
-            cleanup.reap_everywhere(job.survey, settings.job_root, supervisor.lost_hosts)
+            cleaned = cleanup.reap_everywhere(job.survey, settings.job_root, supervisor.lost_hosts, reaped)
         else:
             out.write(
                 f"gaudi-cluster: job {job.job_id} succeeded: {job.world_size} ranks on "
                 f"{len(job.ranks_by_host)} nodes in {time.monotonic() - started:.1f}s\n"
             )
             out.flush()
-        record = write_report(job, outcome, supervisor, launched_at, ended_at, context)
+        record = write_report(job, outcome, supervisor, launched_at, ended_at, context, cleaned)
     finally:
         job.survey.release()
     return AttemptResult(outcome, lost, record)
@@ -184,9 +188,11 @@ def write_report(
     launched_at: float,
     ended_at: float,
     context: AttemptContext,
+    cleaned: cleanup.Cleanup | None = None,
 ) -> report.AttemptRecord:
     """job_report.json and job_report.png next to the job's results (on this node), listing the
-    attempts before this one and this one; returns this attempt's record."""
+    attempts before this one and this one, and how a stopped attempt's nodes were cleaned up;
+    returns this attempt's record."""
     directory = Path(job.output_dir)
     events = report.read_events(job.job_dir / "events.jsonl", directory / "events.jsonl")
     points = {
@@ -225,6 +231,8 @@ def write_report(
     built.update(rank_logs=rank_logs, reached_by=survey.reached_by())
     if context.fabric is not None:  # the --fabric-check run before this job
         built["fabric"] = context.fabric.to_dict()
+    if cleaned is not None:
+        built["cleanup"] = cleaned.to_dict()
     written = report.write(built, supervisor.server.work_histories(), set(flagged), directory)
     shown = ", ".join(str(path) for path in written)
     log.info("job report: %s; every rank's output: %s on this node", shown or "not written", rank_logs)

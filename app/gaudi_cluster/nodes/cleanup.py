@@ -7,6 +7,7 @@ import logging
 import sys
 import time
 from collections.abc import Set
+from dataclasses import dataclass
 
 from gaudi_cluster.nodes.reach import failures
 from gaudi_cluster.nodes.survey import NodeSurvey
@@ -33,8 +34,27 @@ def remove_private_files(survey: NodeSurvey, job_root: str, unstaged: Set[str] =
         )
 
 
-def reap_everywhere(survey: NodeSurvey, job_root: str, lost_hosts: Set[str] = frozenset()) -> None:
-    """Kill whatever is left of this job (by its pid files) on every node still reachable.
+@dataclass(frozen=True)
+class Cleanup:
+    """How an attempt that stopped was cleaned up, node by node (names as the report shows nodes)."""
+
+    by_relay: tuple[str, ...] = ()  # the node's relay reaped it after the stop
+    by_master: tuple[str, ...] = ()  # the master ran `reap` there (over ssh or srun)
+    skipped: tuple[str, ...] = ()  # lost (dead or cut off): its own agents end their ranks
+
+    def to_dict(self) -> dict[str, list[str]]:
+        return {
+            "by_relay": list(self.by_relay),
+            "by_master": list(self.by_master),
+            "skipped": list(self.skipped),
+        }
+
+
+def reap_everywhere(
+    survey: NodeSurvey, job_root: str, lost_hosts: Set[str] = frozenset(), reaped: Set[str] = frozenset()
+) -> Cleanup:
+    """Kill whatever is left of this job (by its pid files) on every node still reachable whose relay
+    has not reaped it (`reaped`: the survey's hosts whose relay said so after the stop).
 
     Nodes whose agents were lost are skipped: dead, or cut off, where those agents end their ranks
     themselves once the master's heartbeats stop; waiting on them would only delay the exit. Under
@@ -52,9 +72,15 @@ def reap_everywhere(survey: NodeSurvey, job_root: str, lost_hosts: Set[str] = fr
     ]
     # A dead or cut-off node must not hold the master's exit: its own agents end its ranks anyway.
     names = {host: survey.node_name(host) for host in survey.hosts}
-    reachable = [host for host, name in names.items() if name not in lost_hosts]
+    skipped = [host for host, name in names.items() if name in lost_hosts]
+    by_relay = [host for host in names if host in reaped and host not in skipped]
+    reachable = [host for host in names if host not in skipped and host not in reaped]
+    done = Cleanup(*(tuple(names[host] for host in hosts) for hosts in (by_relay, reachable, skipped)))
+    if not reachable:
+        return done
     began = time.monotonic()
     replies = survey.reach.run(reachable, cmd, timeout_s=REAP_TIMEOUT_S, label="gc-reap")
     log.debug("reaped job %s %s in %.2fs", survey.job_id, survey.reached_by(), time.monotonic() - began)
     for host, why in failures(replies).items():
         log.warning("could not clean up job %s on %s: %s", survey.job_id, host, why)
+    return done

@@ -9,7 +9,9 @@ ranks' output lines as they come (the direct launcher's: no ssh session carries 
 exit at once, and `gone` for an agent that left without one. The master's stops and beats go to
 every agent, so an agent keeps its own rules: it stops its rank when the master's beats stop or its
 link closes. The relay ends once its last agent has left (or the master has: then every agent is cut
-off, which stops its rank at once).
+off, which stops its rank at once). After the master's stop it ends by reaping the node: whatever the
+job's pid files still name is killed (at once when its agents have left, else once the stop's grace
+is over), and `reaped` tells the master the node needs no `reap` over ssh or srun.
 
     python -m gaudi_cluster.rank.relay --job-id J --job-root R --control HOST:PORT --heartbeat-timeout S
 
@@ -33,13 +35,16 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from gaudi_cluster.rank import jobdir
+from gaudi_cluster.rank import jobdir, reap
 from gaudi_cluster.rank.relay_beats import NodeBeats
 from gaudi_cluster.wire import messages, protocol
 from gaudi_cluster.wire.channel import Channel, Identity, Unsendable, connect_and_authenticate
 
 PID_NAME = "relay.pid"
 LINGER_S = 2.0  # after the last agent left: room for a late one before the relay ends
+# After the master's stop and its grace: what an agent has not ended by then, the relay kills (as
+# `gaudi-cluster reap` would), so the master need not reach the node for it.
+STOP_MARGIN_S = 2.0
 STARTER_POLL_S = 0.2
 SAID = 3  # lines said of one kind of trouble from one peer: a stream of them is not a stream of logs
 
@@ -47,8 +52,9 @@ SAID = 3  # lines said of one kind of trouble from one peer: a stream of them is
 class _Link:
     """One agent's connection to the relay, and the rank it joined as (once the master seated it)."""
 
-    def __init__(self, channel: Channel) -> None:
+    def __init__(self, channel: Channel, pid: int | None = None) -> None:
         self.channel = channel
+        self.pid = pid  # the agent's, as the kernel gave it (SO_PEERCRED)
         self.rank: int | None = None
         self.exited = False
         self.dropped = 0  # its lines dropped (the first SAID of them said)
@@ -75,6 +81,8 @@ class Relay:
         self.unsent = 0  # messages no line to the master could carry (the first SAID said)
         self.done = threading.Event()
         self.listening = threading.Event()
+        self.reap_by: float | None = None  # once the master said stop: when the relay reaps the rest
+        self.reaped = False
 
     # --- the master's side ----------------------------------------------------------------------
 
@@ -151,6 +159,10 @@ class Relay:
                 if isinstance(message, messages.Refused):
                     link.channel.close()
         elif isinstance(message, messages.Stop | messages.Beat):
+            if isinstance(message, messages.Stop):
+                with self.lock:
+                    if self.reap_by is None:
+                        self.reap_by = time.monotonic() + (message.grace or 0.0) + STOP_MARGIN_S
             self.to_agents(message)
         elif isinstance(message, messages.Unstage):
             jobdir.remove_private(self.job_dir)
@@ -175,8 +187,28 @@ class Relay:
             # Its hot lists alone always fit (numbers, MAX_RANKS_PER_NODE of each): the node's ranks
             # stay heard even when their steady fields and work times did not fit a line.
             self.send_master(replace(beats, steady=(), work=()))
+        self.reap_if_stopped()
         if idle and self.joined_any and time.monotonic() - self.last_leave > LINGER_S:
             self.done.set()
+
+    def reap_if_stopped(self) -> None:
+        """After the master's stop, once every agent has left (or at the stop's deadline): kill what
+        the job's pid files on this node still name (a rank whose agent was killed, an agent that
+        did not end), tell the master so, and end. Its `reap` over ssh or srun is then not needed."""
+        with self.lock:
+            links = [*self.links.values(), *self.joining.values()]
+            due = self.reap_by is not None and (not links or time.monotonic() >= self.reap_by)
+            if not due or self.reaped:
+                return
+            self.reaped = True
+        killed = reap.reap_dir(self.job_dir, keep={PID_NAME})
+        for pid in (link.pid for link in links if link.pid):  # an agent that did not end (no pid file yet)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        if self.master is not None and not self.master.closed:
+            self.send_master(messages.Reaped(len(killed)))
+        self.done.set()
 
     # --- the agents' side -----------------------------------------------------------------------
 
@@ -191,8 +223,8 @@ class Relay:
         for link in seated:
             link.channel.send(message)
 
-    def serve_agent(self, channel: Channel) -> None:
-        link = _Link(channel)
+    def serve_agent(self, channel: Channel, pid: int | None = None) -> None:
+        link = _Link(channel, pid)
         try:
             self._serve(link)
         except Exception as error:  # one agent's trouble ends its link, never the relay
@@ -259,6 +291,7 @@ class Relay:
         if seated and not link.exited and not self.done.is_set():
             reason = "its agent left the node relay without an exit" + (f" ({why})" if cut else "")
             self.send_master(messages.Gone(link.rank, reason))  # type: ignore[arg-type]
+        self.reap_if_stopped()
 
     def accept(self, listener: socket.socket) -> None:
         while not self.done.is_set():
@@ -266,10 +299,11 @@ class Relay:
                 sock, _ = listener.accept()
             except OSError:
                 return
-            if not _same_user(sock):
+            pid = _same_user_pid(sock)
+            if pid is None:
                 sock.close()
                 continue
-            threading.Thread(target=self.serve_agent, args=(Channel(sock),), daemon=True).start()
+            threading.Thread(target=self.serve_agent, args=(Channel(sock), pid), daemon=True).start()
 
     # --- main -----------------------------------------------------------------------------------
 
@@ -328,13 +362,14 @@ def listen(job_dir: Path) -> socket.socket:
     return listener
 
 
-def _same_user(sock: socket.socket) -> bool:
-    """SO_PEERCRED: the peer runs as this relay's user (on top of the directory's 0700)."""
+def _same_user_pid(sock: socket.socket) -> int | None:
+    """SO_PEERCRED: the peer's pid when it runs as this relay's user (on top of the directory's 0700),
+    else None."""
     try:
-        _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
     except OSError:
-        return False
-    return uid == os.getuid()
+        return None
+    return pid if uid == os.getuid() else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,6 +23,7 @@ import enum
 import logging
 import queue
 import socket
+import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import Future
@@ -122,6 +123,12 @@ class ControlServer(SelectorServer):
         self._by_rank: dict[int, _Agent] = {}
         self._sessions: set[_Agent] = set()  # every seated connection (a rank's or a relay's)
         self._relays: dict[str, _Agent] = {}  # node -> its relay's connection
+        # After the stop: the relays told and not yet heard from (nor gone), and the nodes each relay
+        # reaped; the loop's thread writes them, reaped_by_relays waits on them.
+        self._reap_told = threading.Event()
+        self._reap_pending: set[str] = set()
+        self._reaped: set[str] = set()
+        self._reap_news = threading.Condition()
         self._pending: dict[int, _Agent] = {}  # handshakes under way, oldest (first deadline) first
         self._beat_every = protocol.beat_every(heartbeat_timeout_s)
         # Ticks of a quarter of the beat interval: a handshake's deadline is enforced within 0.25 s.
@@ -151,8 +158,27 @@ class ControlServer(SelectorServer):
 
     def stop_all(self, grace_s: float) -> None:
         """Ask every connected agent to stop its rank (SIGTERM, then SIGKILL after grace_s); returns
-        at once, the loop sends."""
-        self.call(lambda: self._send_all(messages.Stop(grace=grace_s)))
+        at once, the loop sends. Each node's relay then reaps its node (see reaped_by_relays)."""
+
+        def send() -> None:
+            with self._reap_news:
+                self._reap_pending.update(self._relays)
+            self._send_all(messages.Stop(grace=grace_s))
+            self._reap_told.set()
+
+        self.call(send)
+
+    def reaped_by_relays(self, timeout_s: float) -> frozenset[str]:
+        """After stop_all: the nodes whose relay has reaped them (`reaped`), once every relay told has
+        answered or left, or at timeout_s. The rest (no relay, a relay gone or silent) are the
+        caller's to reap. Nothing when no stop was sent."""
+        deadline = time.monotonic() + timeout_s
+        if not self._reap_told.wait(timeout_s):
+            return frozenset()
+        with self._reap_news:
+            while self._reap_pending and (left := deadline - time.monotonic()) > 0:
+                self._reap_news.wait(left)
+            return frozenset(self._reaped)
 
     def unstage_on_relays(self, timeout_s: float = 5.0) -> frozenset[str]:
         """Tell every node's relay to remove its node's private file (call it once every rank has
@@ -296,6 +322,7 @@ class ControlServer(SelectorServer):
         self._sessions.discard(conn)
         if conn.node is not None and self._relays.get(conn.node) is conn:
             del self._relays[conn.node]
+            self._reap_heard(conn.node)
         for agent in conn.states():
             self._unseat(conn, agent, "connection closed")
         conn.ranks.clear()
@@ -349,6 +376,10 @@ class ControlServer(SelectorServer):
             if message.rank is not None and (agent := conn.ranks.get(message.rank)) is not None:
                 self.output.put(RankLines(agent.host, agent.rank, message.lines))
             return
+        if isinstance(message, messages.Reaped):
+            assert conn.node is not None
+            self._reap_heard(conn.node, reaped=True)
+            return
         self.ranks.heard(conn.ranks.values(), now)
         if not isinstance(message, messages.Exit | messages.Gone) or message.rank is None:
             self.gate.refuse(conn.who(), "dropped a message: a relay's exit names no rank")
@@ -360,6 +391,13 @@ class ControlServer(SelectorServer):
         else:  # gone: its agent left the relay without an exit
             del conn.ranks[agent.rank]
             self._unseat(conn, agent, f"connection closed ({message.reason[:200]})")
+
+    def _reap_heard(self, node: str, reaped: bool = False) -> None:
+        with self._reap_news:
+            if reaped and node in self._reap_pending:
+                self._reaped.add(node)
+            self._reap_pending.discard(node)
+            self._reap_news.notify_all()
 
     def _join(self, conn: _Agent, message: messages.Join) -> None:
         assert conn.node is not None

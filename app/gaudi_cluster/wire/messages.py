@@ -49,6 +49,7 @@ class MessageType(enum.Enum):
     GONE = "gone"  # relay -> master: an agent left without an exit
     STOP = "stop"  # master -> relay -> agent: stop the rank
     UNSTAGE = "unstage"  # master -> relay: every rank checked in; remove the node's private file
+    REAPED = "reaped"  # relay -> master: after a stop, nothing of the job is left on the node
 
 
 # --- the messages ---------------------------------------------------------------------------------
@@ -432,6 +433,20 @@ class Unstage:
         return cls()
 
 
+@dataclass(frozen=True, slots=True)
+class Reaped:
+    """The relay's last word after a stop: its node's agents have left (or were killed at the stop's
+    deadline), whatever their pid files still named is killed (`killed`: how many pids), and the
+    private file is gone. The master reaches the node for clean-up only without this word."""
+
+    killed: int = 0
+    TYPE: ClassVar[MessageType] = MessageType.REAPED
+
+    @classmethod
+    def parse(cls, message: Mapping[str, Any]) -> Reaped:
+        return cls(count(message, "killed", 0))
+
+
 Message = (
     Challenge
     | Hello
@@ -447,6 +462,7 @@ Message = (
     | Gone
     | Stop
     | Unstage
+    | Reaped
 )
 _MESSAGE_KINDS = (
     Challenge,
@@ -463,6 +479,7 @@ _MESSAGE_KINDS = (
     Gone,
     Stop,
     Unstage,
+    Reaped,
 )
 _PARSERS: dict[str, Callable[[Mapping[str, Any]], Message]] = {
     kind.TYPE.value: kind.parse for kind in _MESSAGE_KINDS
@@ -472,7 +489,14 @@ _PARSERS: dict[str, Callable[[Mapping[str, Any]], Message]] = {
 TO_MASTER_HANDSHAKE = frozenset({MessageType.HELLO, MessageType.PROOF})
 FROM_AGENT_SESSION = frozenset({MessageType.BEAT, MessageType.EXIT})  # an agent's own connection
 FROM_RELAY_SESSION = frozenset(
-    {MessageType.JOIN, MessageType.SUMMARY, MessageType.OUTPUT, MessageType.EXIT, MessageType.GONE}
+    {
+        MessageType.JOIN,
+        MessageType.SUMMARY,
+        MessageType.OUTPUT,
+        MessageType.EXIT,
+        MessageType.GONE,
+        MessageType.REAPED,
+    }
 )
 FROM_MASTER_HANDSHAKE = frozenset({MessageType.CHALLENGE, MessageType.WELCOME, MessageType.REFUSED})
 FROM_MASTER = frozenset({MessageType.SEATED, MessageType.REFUSED, MessageType.STOP, MessageType.BEAT})
