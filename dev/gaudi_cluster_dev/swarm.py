@@ -259,6 +259,8 @@ class Swarm:
     def exit(self, rank: Rank, how: dict[str, Any]) -> None:
         for number in rank.ranks:
             self.send(rank, {"type": "exit", **how, **({"rank": number} if rank.relay else {})})
+        if rank.relay and how.get("stop_reason"):  # a relay's last word after the stop, as rank/relay's
+            self.send(rank, {"type": "reaped", "killed": 0})
         self.drop(rank, "done")
 
     def beat(self, rank: Rank, now: float) -> None:
