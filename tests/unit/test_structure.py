@@ -88,6 +88,7 @@ PURE = {
     "gaudi_cluster.wire.node_spec",
     "gaudi_cluster.wire.protocol",
     "gaudi_cluster.wire.messages",
+    "gaudi_cluster.wire.handshake",
     "gaudi_cluster.wire.fields",
     "gaudi_cluster.wire.kinds",
     "gaudi_cluster.wire.host_name",

@@ -1,16 +1,16 @@
 """Runs in every control-plane process (master, node relay, rank agent): the control channel's
 messages, typed. Pure.
 
-One frozen dataclass per kind (`MessageType`); a line becomes one only through `parse_line` /
-`parse` here, which check every field, and one goes out only through `render`. Whatever bytes
-arrive, the result is a message of a kind the reader expects or `BadMessage` with a one-line reason
-that quotes and cuts what it names (`fields`): a reader drops the line and carries on. Which
-reader takes which kinds is spelled out below (`FROM_...`): no reader compares a "type" string.
+One frozen dataclass per kind (`MessageType`, in wire/kinds; the handshake's kinds are in
+wire/handshake, and named here too); a line becomes one only through `parse_line` / `parse` here,
+which check every field, and one goes out only through `render`. Whatever bytes arrive, the result
+is a message of a kind the reader expects or `BadMessage` with a one-line reason that quotes and
+cuts what it names (`fields`): a reader drops the line and carries on. Which reader takes which
+kinds is spelled out below (`FROM_...`): no reader compares a "type" string.
 """
 
 from __future__ import annotations
 
-import enum
 import json
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -23,124 +23,22 @@ from gaudi_cluster.wire.fields import (
     BadMessage,
     count,
     decode,
-    hex64,
     optional_count,
     optional_number,
     rank_of,
     shown,
     text,
 )
+from gaudi_cluster.wire.handshake import Challenge, Hello, Proof, Refused, Welcome
+from gaudi_cluster.wire.kinds import MessageType
 
-__all__ = ["BadMessage", "decode", "shown"]  # the line checks, as every reader meets them
-
-
-class MessageType(enum.Enum):
-    CHALLENGE = "challenge"  # master -> agent or relay: the handshake's first word
-    HELLO = "hello"  # agent or relay -> master: who it is
-    WELCOME = "welcome"  # master -> agent or relay: the master proves the node's key
-    PROOF = "proof"  # agent or relay -> master: it proves the node's key
-    REFUSED = "refused"  # master -> agent or relay (and relay -> agent): turned away, with why
-    JOIN = "join"  # agent -> relay -> master: a rank asks for its seat
-    SEATED = "seated"  # master -> relay -> agent: the rank may start
-    BEAT = "beat"  # both ways: a sign of life (from an agent, its rank's progress)
-    SUMMARY = "summary"  # relay -> master: every rank of the node, every protocol.beat_every s
-    OUTPUT = "output"  # agent -> relay -> master: a rank's output lines (the direct launcher's)
-    EXIT = "exit"  # agent -> relay -> master: a rank ended
-    GONE = "gone"  # relay -> master: an agent left without an exit
-    STOP = "stop"  # master -> relay -> agent: stop the rank
-    UNSTAGE = "unstage"  # master -> relay: every rank checked in; remove the node's private file
-    REAPED = "reaped"  # relay -> master: after a stop, nothing of the job is left on the node
+# The line checks, as every reader meets them, and the handshake's kinds and the enum, as every reader
+# names them (messages.Hello, messages.MessageType).
+__all__ = ["BadMessage", "decode", "shown"]
+__all__ += ["Challenge", "Hello", "MessageType", "Proof", "Refused", "Welcome"]
 
 
 # --- the messages ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Challenge:
-    nonce: str
-    job: str
-    TYPE: ClassVar[MessageType] = MessageType.CHALLENGE
-
-    @classmethod
-    def parse(cls, message: Mapping[str, Any]) -> Challenge:
-        return cls(hex64(message, "nonce"), text(message, "job", 128))
-
-
-@dataclass(frozen=True, slots=True)
-class Hello:
-    """A rank's agent (role "rank") or a node's relay (role "node": its rank is protocol.NODE_RANK)."""
-
-    job: str
-    node: str
-    host: str
-    rank: int
-    pid: int
-    nonce: str
-    local_rank: int = 0
-    role: str = "rank"
-    TYPE: ClassVar[MessageType] = MessageType.HELLO
-
-    @property
-    def is_node(self) -> bool:
-        return self.role == "node"
-
-    @classmethod
-    def parse(cls, message: Mapping[str, Any]) -> Hello:
-        role = message.get("role", "rank")
-        if role not in ("rank", "node"):
-            raise BadMessage("role is neither rank nor node")
-        if role == "node":
-            if message.get("rank", protocol.NODE_RANK) != protocol.NODE_RANK:
-                raise BadMessage(f"a node's hello names rank {protocol.NODE_RANK} or none")
-            rank = protocol.NODE_RANK
-        else:
-            rank = count(message, "rank")
-        return cls(
-            job=text(message, "job", 128),
-            node=text(message, "node", 255),
-            host=text(message, "host", 255),
-            rank=rank,
-            pid=count(message, "pid"),
-            nonce=hex64(message, "nonce"),
-            local_rank=count(message, "local_rank", 0),
-            role=role,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Welcome:
-    mac: str
-    TYPE: ClassVar[MessageType] = MessageType.WELCOME
-
-    @classmethod
-    def parse(cls, message: Mapping[str, Any]) -> Welcome:
-        return cls(hex64(message, "mac"))
-
-
-@dataclass(frozen=True, slots=True)
-class Proof:
-    mac: str
-    TYPE: ClassVar[MessageType] = MessageType.PROOF
-
-    @classmethod
-    def parse(cls, message: Mapping[str, Any]) -> Proof:
-        return cls(hex64(message, "mac"))
-
-
-@dataclass(frozen=True, slots=True)
-class Refused:
-    """Turned away: a connection in its handshake (no rank), or one rank a relay asked to seat."""
-
-    reason: str
-    rank: int | None = None
-    TYPE: ClassVar[MessageType] = MessageType.REFUSED
-
-    @classmethod
-    def parse(cls, message: Mapping[str, Any]) -> Refused:
-        reason = message.get("reason")
-        if type(reason) is not str:
-            raise BadMessage("reason is not text")
-        return cls(reason[:1024], rank_of(message, required=False))
 
 
 @dataclass(frozen=True, slots=True)
