@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
 import signal
 import sys
 import time
@@ -24,11 +23,10 @@ from gaudi_cluster.job.attempt import AttemptContext, prepare_attempt, run_attem
 from gaudi_cluster.job.run import JobRun
 from gaudi_cluster.job.settings import JobSettings
 from gaudi_cluster.launch import here, plan
-from gaudi_cluster.launch.prepare import PreparedJob, print_dry_run, stable_hostfile_path
+from gaudi_cluster.launch.prepare import PreparedJob, held_ready_text, print_dry_run
 from gaudi_cluster.launch.program import program_from_args
 from gaudi_cluster.nodes import cleanup
 from gaudi_cluster.nodes.devices import resolve_accelerator
-from gaudi_cluster.nodes.hostfile import render_hostfile
 from gaudi_cluster.settings.config import ClusterConfig
 from gaudi_cluster.supervise import lifetime
 from gaudi_cluster.supervise.metrics_serving import MetricsServer
@@ -135,11 +133,7 @@ def hold(config: ClusterConfig, environ: Mapping[str, str], out: TextIO) -> int:
     if not settings.dry_run:
         cleanup.remove_private_files(job.survey, settings.prepare.job_root)
     job.survey.release()  # users launch their own jobs; this one holds no ssh connection open
-    stable = stable_hostfile_path(settings.prepare.job_root)
-    out.write(
-        f"gaudi-cluster: cluster ready; hostfile at {stable}:\n{render_hostfile(job.hostfile)}"
-        f"run e.g.: gaudi_spawn.py --hostfile {shlex.quote(str(stable))} --use_deepspeed SCRIPT ARGS\n"
-    )
+    out.write(held_ready_text(job.hostfile, settings.prepare.job_root))
     out.flush()
     stop: list[int] = []
     for signum in (signal.SIGTERM, signal.SIGINT):

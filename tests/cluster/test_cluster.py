@@ -234,6 +234,21 @@ def test_seed_command_shape_gaudi_spawn_inside_the_master(pair):
     )
 
 
+def test_raw_deepspeed_by_hand_on_the_held_masters_hostfile(pair):
+    """What the held master's "cluster ready" promises beyond gaudi_spawn.py: the user's own
+    `deepspeed --hostfile` (its ssh check, then pdsh) reaches every node with no flag of ours, its ssh
+    reading the master's settings for these nodes (port, key, the CA and the certificates' name)."""
+    ready = pair.cluster.logs(pair.cluster.master)
+    said = "gaudi-cluster: your ssh reads /run/gaudi-cluster/ssh_config for these nodes"
+    assert said in ready, ready[-2000:]
+    env = 'cp "$(ls -d /run/gaudi-cluster/jobs/*/ | head -n 1)deepspeed_env" /tmp/raw_env'
+    raw = "deepspeed --hostfile /run/gaudi-cluster/hostfile --ssh_port 3022 --no_local_rank"
+    pair.run("sh", "-c", f"{env} && DS_ENV_FILE=/tmp/raw_env {raw} /workspace/user/allreduce.py raw")
+    results = _allreduce_results(pair.shared, world=6)
+    assert {r["host"] for r in results} == {"master", "worker-1", "worker-2"}
+    assert all(r["sum"] == 21 and r["argv"] == ["raw"] for r in results)
+
+
 @pytest.fixture(scope="module")
 def one_worker(image, cluster_keys, tmp_path_factory) -> Iterator[LocalCluster]:
     """One worker for the bad-input cases, started once: each case runs its own master against it, which

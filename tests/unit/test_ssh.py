@@ -122,3 +122,37 @@ def test_a_held_masters_hostfile_remembers_the_dns_name_its_nodes_certificates_n
     assert ssh.remembered_host_key_name(str(hostfile)) == "worker"
     ssh.host_key_name_file(hostfile).write_text("worker\nProxyCommand evil\n")  # no name: nothing taken
     assert ssh.remembered_host_key_name(str(hostfile)) is None
+
+
+def test_a_launch_by_hand_reads_the_jobs_settings_for_the_clusters_nodes_only(tmp_path: Path):
+    """A held master's promise: the user's own ssh (deepspeed's ssh check, pdsh) reaches the nodes of
+    the stable hostfile as the master does (port, key, the CA, the DNS name the certificates name),
+    with no shared connection, and any other host as before."""
+    trust = "@cert-authority * ssh-ed25519 AAAAcakey"
+    key = tmp_path / "id_ed25519"
+    job = write_ssh_config(tmp_path, 3022, key, control_dir=tmp_path / "cm", host_trust=trust,
+                           host_key_alias="worker")  # fmt: skip
+    stable = tmp_path / "stable"
+    stable.mkdir()
+    text = ssh.by_hand_config(job.read_text(), ["172.18.0.2", "172.18.0.3"], stable / "known_hosts")
+    (stable / "ssh_config").write_text(text)
+    node = effective(stable / "ssh_config", host="172.18.0.3")
+    assert (node["port"], node["hostkeyalias"], node["identityfile"]) == ("3022", "worker", str(key))
+    assert node["userknownhostsfile"] == str(stable / "known_hosts")
+    assert node["controlmaster"] == "false" and node.get("controlpath") in (None, "none")
+    elsewhere = effective(stable / "ssh_config", host="example.org")
+    assert elsewhere["port"] == "22" and "hostkeyalias" not in elsewhere
+
+
+def test_the_users_ssh_config_gets_the_include_only_when_it_has_none_of_its_own(tmp_path: Path):
+    config = tmp_path / "run" / "ssh_config"
+    fresh = tmp_path / "fresh" / ".ssh" / "config"
+    assert "includes it" in ssh.include_in_user_config(config, fresh)
+    assert fresh.read_text() == f"Include {config}\n" and fresh.stat().st_mode & 0o077 == 0
+    assert "includes it" in ssh.include_in_user_config(config, fresh)  # again: unchanged
+    assert fresh.read_text() == f"Include {config}\n"
+    own = tmp_path / "own-config"
+    own.write_text("Host gateway\n  User me\n")
+    line = ssh.include_in_user_config(config, own)
+    assert line == f"for a launch by hand, add `Include {config}` at the top of {own}"
+    assert own.read_text() == "Host gateway\n  User me\n"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -23,6 +24,7 @@ from gaudi_cluster.nodes.devices import resolve_accelerator
 from gaudi_cluster.nodes.hostfile import HostEntry, Hostfile, active_resources, make_hostfile, render_hostfile
 from gaudi_cluster.nodes.reach import SshReach
 from gaudi_cluster.nodes.survey import NodeSurvey
+from gaudi_cluster.rank.jobdir import write_private_file
 from gaudi_cluster.wire import protocol
 from gaudi_cluster.wire.kinds import Accelerator, LauncherName
 from gaudi_cluster.wire.private_payload import PrivatePayload
@@ -113,6 +115,32 @@ def preimport_keep_s(keep: float, environ: Mapping[str, str]) -> float:
 
 def stable_hostfile_path(job_root: str) -> Path:
     return Path(job_root).parent / STABLE_HOSTFILE
+
+
+def write_by_hand_ssh(job_config: Path, hosts: Sequence[str], directory: Path) -> Path:
+    """The stable ssh client config beside the stable hostfile (and the nodes' trust, known_hosts):
+    what the user's own ssh needs for a launch by hand on the hostfile (a held master's promise)."""
+    known_hosts = directory / "known_hosts"
+    trust = job_config.parent / "known_hosts"
+    if trust.exists():
+        write_private_file(known_hosts, trust.read_text())
+    path = directory / ssh.BY_HAND_CONFIG
+    write_private_file(path, ssh.by_hand_config(job_config.read_text(), hosts, known_hosts))
+    return path
+
+
+def held_ready_text(hostfile: Hostfile, job_root: str) -> str:
+    """What a held master says once the cluster is ready: the stable hostfile, how to launch on it,
+    and how the user's own ssh reaches its nodes (for a raw launcher run by hand)."""
+    stable = stable_hostfile_path(job_root)
+    by_hand = stable.with_name(ssh.BY_HAND_CONFIG)
+    lines = [
+        f"gaudi-cluster: cluster ready; hostfile at {stable}:\n{render_hostfile(hostfile)}",
+        f"run e.g.: gaudi_spawn.py --hostfile {shlex.quote(str(stable))} --use_deepspeed SCRIPT ARGS\n",
+    ]
+    if by_hand.exists():
+        lines.append(f"gaudi-cluster: {ssh.include_in_user_config(by_hand, Path.home() / '.ssh/config')}\n")
+    return "".join(lines)
 
 
 def _read_if_exists(path: str) -> str | None:
@@ -233,6 +261,8 @@ def prepare(
                 named.write_text(key_name + "\n")
             else:
                 named.unlink(missing_ok=True)
+            if isinstance(survey.reach, SshReach):
+                write_by_hand_ssh(survey.reach.config, hostfile.hosts, stable.parent)
         env_path.write_text(envfile.render_env_file(env_file))
         env_path.chmod(0o600)
     launcher = launchers.launcher_named(settings.launcher)

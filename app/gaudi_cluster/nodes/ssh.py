@@ -101,6 +101,40 @@ def write_ssh_config(
     return path
 
 
+BY_HAND_CONFIG = "ssh_config"  # beside the stable hostfile: /run/gaudi-cluster/ssh_config
+
+
+def include_in_user_config(config: Path, user_config: Path) -> str:
+    """Let the user's own ssh (deepspeed's ssh check, pdsh, mpirun run by hand) read `config`: an
+    `Include` line in `user_config` (~/.ssh/config), written only when that file is absent or already
+    has it (a config of the user's own is never edited); returns the line to print."""
+    include = f"Include {config}"
+    try:
+        present = include in user_config.read_text().splitlines()
+    except FileNotFoundError:
+        user_config.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_private_file(user_config, include + "\n")
+        present = True
+    if present:
+        return f"your ssh reads {config} for these nodes ({user_config} includes it)"
+    return f"for a launch by hand, add `{include}` at the top of {user_config}"
+
+
+def by_hand_config(job_config: str, hosts: Sequence[str], known_hosts: Path) -> str:
+    """The job's client config (write_ssh_config's text) for the user's own ssh on a held master, as
+    a raw launcher run by hand uses it (deepspeed's ssh check and pdsh, mpirun): for the cluster's
+    nodes only (a user's other hosts keep their own settings), no shared connection, `known_hosts`
+    (the CA line) in place of the job's."""
+    lines = [f"Host {' '.join(hosts)}"]
+    for line in job_config.splitlines()[1:]:  # the first is write_ssh_config's "Host *"
+        key = line.split(maxsplit=1)[0] if line.strip() else ""
+        if key == "UserKnownHostsFile":
+            lines.append(f"  UserKnownHostsFile {known_hosts}")
+        elif key not in ("ControlMaster", "ControlPath"):
+            lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
 # Beside the hostfile a held master writes: the DNS name its nodes were found at, which their
 # certificates name; a master later given that hostfile (gaudi_spawn.py --hostfile) checks them by it.
 HOST_KEY_NAME_SUFFIX = ".host-key-name"
