@@ -378,3 +378,23 @@ def test_no_reap_is_awaited_without_a_stop(cluster):
     began = time.monotonic()
     assert server.reaped_by_relays(5.0) == frozenset()
     assert time.monotonic() - began < 5.5
+
+
+def test_a_silent_node_is_not_waited_for(cluster):
+    """A node cut off (its relay silent past the heartbeat timeout) cannot answer the stop: the master
+    does not wait for its reap (its own agents end its ranks once the master's beats stop)."""
+    server, agent, job_dir = cluster
+    server.heartbeat_timeout_s = 3.0
+    agents = [agent(rank, "sleep 60") for rank in range(2)]
+    assert len(take(server, 2)) == 2
+    relay = relay_process(job_dir)
+    assert relay is not None
+    relay.suspend()
+    lost = take(server, 2, timeout_s=15)
+    assert sorted((e.kind, e.rank) for e in lost) == [(EventKind.LOST, 0), (EventKind.LOST, 1)]
+    server.stop_all(0.0)
+    began = time.monotonic()
+    assert server.reaped_by_relays(10.0) == frozenset()
+    assert time.monotonic() - began < 2.0
+    relay.kill()
+    assert all(process.wait(timeout=10) != 0 for process in agents)

@@ -128,6 +128,7 @@ class ControlServer(SelectorServer):
         self._reap_told = threading.Event()
         self._reap_pending: set[str] = set()
         self._reaped: set[str] = set()
+        self._silent_nodes: set[str] = set()  # a rank of theirs was lost to silence: no answer to wait for
         self._reap_news = threading.Condition()
         self._pending: dict[int, _Agent] = {}  # handshakes under way, oldest (first deadline) first
         self._beat_every = protocol.beat_every(heartbeat_timeout_s)
@@ -161,8 +162,8 @@ class ControlServer(SelectorServer):
         at once, the loop sends. Each node's relay then reaps its node (see reaped_by_relays)."""
 
         def send() -> None:
-            with self._reap_news:
-                self._reap_pending.update(self._relays)
+            with self._reap_news:  # a node cut off (silent) cannot answer; its own agents end its ranks
+                self._reap_pending.update(set(self._relays) - self._silent_nodes)
             self._send_all(messages.Stop(grace=grace_s))
             self._reap_told.set()
 
@@ -438,5 +439,7 @@ class ControlServer(SelectorServer):
                 if not conn.closed and conn.session is not None:
                     self._write(conn, conn.session.seal_line(_MASTER_BEAT))
         for agent, silent_for in lost:
+            if (conn := self._by_rank.get(agent.rank)) is not None and conn.node is not None:
+                self._silent_nodes.add(conn.node)
             reason = f"no heartbeat for {silent_for:.0f}s (network partition or frozen node)"
             self.events.put(ControlEvent(EventKind.LOST, agent.host, agent.rank, reason=reason))
