@@ -23,7 +23,7 @@ from gaudi_cluster.job.attempt import AttemptContext, prepare_attempt, run_attem
 from gaudi_cluster.job.run import JobRun
 from gaudi_cluster.job.settings import JobSettings
 from gaudi_cluster.launch import here, plan
-from gaudi_cluster.launch.prepare import PreparedJob, held_ready_text, print_dry_run
+from gaudi_cluster.launch.prepare import PreparedJob, held_ready_text, include_by_hand_ssh, print_dry_run
 from gaudi_cluster.launch.program import program_from_args
 from gaudi_cluster.nodes import cleanup
 from gaudi_cluster.nodes.devices import resolve_accelerator
@@ -133,7 +133,8 @@ def hold(config: ClusterConfig, environ: Mapping[str, str], out: TextIO) -> int:
     if not settings.dry_run:
         cleanup.remove_private_files(job.survey, settings.prepare.job_root)
     job.survey.release()  # users launch their own jobs; this one holds no ssh connection open
-    out.write(held_ready_text(job.hostfile, settings.prepare.job_root))
+    root = settings.prepare.job_root
+    out.write(held_ready_text(job.hostfile, root, include_by_hand_ssh(root)))
     out.flush()
     stop: list[int] = []
     for signum in (signal.SIGTERM, signal.SIGINT):

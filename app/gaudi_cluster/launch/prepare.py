@@ -129,18 +129,22 @@ def write_by_hand_ssh(job_config: Path, hosts: Sequence[str], directory: Path) -
     return path
 
 
-def held_ready_text(hostfile: Hostfile, job_root: str) -> str:
+def include_by_hand_ssh(job_root: str) -> str:
+    """Let the user's own ssh read the stable ssh config, if a job wrote one (ssh.include_in_user_config);
+    the line that says how, else ""."""
+    by_hand = stable_hostfile_path(job_root).with_name(ssh.BY_HAND_CONFIG)
+    return ssh.include_in_user_config(by_hand, Path.home() / ".ssh/config") if by_hand.exists() else ""
+
+
+def held_ready_text(hostfile: Hostfile, job_root: str, ssh_line: str) -> str:
     """What a held master says once the cluster is ready: the stable hostfile, how to launch on it,
-    and how the user's own ssh reaches its nodes (for a raw launcher run by hand)."""
+    and how the user's own ssh reaches its nodes (`ssh_line`, for a raw launcher run by hand)."""
     stable = stable_hostfile_path(job_root)
-    by_hand = stable.with_name(ssh.BY_HAND_CONFIG)
-    lines = [
-        f"gaudi-cluster: cluster ready; hostfile at {stable}:\n{render_hostfile(hostfile)}",
-        f"run e.g.: gaudi_spawn.py --hostfile {shlex.quote(str(stable))} --use_deepspeed SCRIPT ARGS\n",
-    ]
-    if by_hand.exists():
-        lines.append(f"gaudi-cluster: {ssh.include_in_user_config(by_hand, Path.home() / '.ssh/config')}\n")
-    return "".join(lines)
+    return (
+        f"gaudi-cluster: cluster ready; hostfile at {stable}:\n{render_hostfile(hostfile)}"
+        f"run e.g.: gaudi_spawn.py --hostfile {shlex.quote(str(stable))} --use_deepspeed SCRIPT ARGS\n"
+        + (f"gaudi-cluster: {ssh_line}\n" if ssh_line else "")
+    )
 
 
 def _read_if_exists(path: str) -> str | None:

@@ -72,9 +72,11 @@ def reap_everywhere(
     ]
     # A dead or cut-off node must not hold the master's exit: its own agents end its ranks anyway.
     names = {host: survey.node_name(host) for host in survey.hosts}
-    skipped = [host for host, name in names.items() if name in lost_hosts]
-    by_relay = [host for host in names if host in reaped and host not in skipped]
-    reachable = [host for host in names if host not in skipped and host not in reaped]
+    by_relay: list[str] = []
+    reachable: list[str] = []
+    skipped: list[str] = []
+    for host, name in names.items():
+        (skipped if name in lost_hosts else by_relay if host in reaped else reachable).append(host)
     done = Cleanup(*(tuple(names[host] for host in hosts) for hosts in (by_relay, reachable, skipped)))
     if not reachable:
         return done
