@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 from gaudi_cluster.launch.plan import LaunchPlan
 from gaudi_cluster.rank import jobdir
-from gaudi_cluster.supervise.console import RankLogs
+from gaudi_cluster.supervise.console import RankLogs, RankOutput
 from gaudi_cluster.supervise.control import ControlServer, EventKind
 from gaudi_cluster.supervise.outcome import FailureCause, JobState
 from gaudi_cluster.supervise.supervisor import Supervisor, SupervisorPhase, SupervisorSettings
@@ -134,6 +134,23 @@ def test_ranks_handed_over_to_their_relay_run_on_after_the_launcher_ends_and_the
     programs = ["sleep 6", "sleep 6"]
     failed, _, _, _ = supervise(tmp_path / "not", programs, hands_over=True, plan_says=False)
     assert failed.failure is not None and failed.failure.cause is FailureCause.LAUNCHER, failed
+
+
+def test_a_relayed_last_line_still_being_routed_reaches_the_console(tmp_path, monkeypatch):
+    """A busy core: the batch is off the queue but not yet on the console when the ranks have exited.
+    The end of the attempt waits for it to be routed, not merely taken (a rank's only line was lost)."""
+    route = RankOutput.route_rank
+
+    def slow_route(console: RankOutput, host: str, rank: int, lines) -> None:
+        time.sleep(0.5)
+        route(console, host, rank, lines)
+
+    monkeypatch.setattr(RankOutput, "route_rank", slow_route)
+    outcome, out, _, _ = supervise(
+        tmp_path, ["sleep 2; echo bye-0", "sleep 2; echo bye-1"], tee=True, hands_over=True
+    )
+    assert outcome.exit_code == 0, out
+    assert f"[{HOST} rank 0] bye-0" in out and f"[{HOST} rank 1] bye-1" in out, out
 
 
 def test_first_failure_stops_the_other_ranks_and_is_named(tmp_path):

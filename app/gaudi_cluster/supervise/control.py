@@ -114,8 +114,9 @@ class ControlServer(SelectorServer):
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.events: queue.Queue[ControlEvent] = queue.Queue()
         # The ranks' output, for the supervisor's console and rank logs: put in the order it came,
-        # ahead of the exit that follows it.
-        self.output: queue.SimpleQueue[RankLines] = queue.SimpleQueue()
+        # ahead of the exit that follows it. Its reader marks each batch done once routed, so that
+        # the end of an attempt can wait for the lines in flight, not just for an empty queue.
+        self.output: queue.Queue[RankLines] = queue.Queue()
         self.gate = Gate(job_id, token, expected, nodes, addresses)
         self._clock = clock
         self.ranks = RankTable()  # read by other threads (the supervisor, status, metrics)

@@ -167,13 +167,19 @@ class Supervisor:
                     return
                 self.console.flush()  # a quiet moment: `tail -f` on a rank's file is current
                 continue
-            self.console.route_rank(batch.host, batch.rank, batch.lines)
+            try:
+                self.console.route_rank(batch.host, batch.rank, batch.lines)
+            finally:
+                self.server.output.task_done()
 
     def _settle_relayed(self, timeout_s: float) -> None:
-        """The relays' lines that came before the ranks' exits reach the console before it goes quiet."""
-        deadline = self.clock() + timeout_s
-        while not self.server.output.empty() and self.clock() < deadline:
-            time.sleep(0.02)
+        """The relays' lines that came before the ranks' exits reach the console before it goes quiet:
+        routed, not merely taken off the queue (a rank's last line was lost that way on a busy core)."""
+        output = self.server.output
+        deadline = time.monotonic() + timeout_s
+        with output.all_tasks_done:
+            while output.unfinished_tasks and (left := deadline - time.monotonic()) > 0:
+                output.all_tasks_done.wait(left)
 
     # --- signals --------------------------------------------------------------------------------
 
