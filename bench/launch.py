@@ -31,6 +31,7 @@ from bench.common import (
     stat,
 )
 from bench.nodes import (
+    end_raw,
     end_zygotes,
     exec_ours,
     exec_raw,
@@ -43,6 +44,9 @@ from bench.nodes import (
 STEPS = 5
 PAIRS_PER_REP = 2  # ours/raw pairs on the containers of each fresh bring-up (alternating who goes first)
 JOB_TIMEOUT = 600.0
+# Raw DeepSpeed on held containers reaches its first step in about 15 s; a raw launch that lost a
+# rank hangs in its collectives until JOB_TIMEOUT (it once held the bench 8 minutes): give up sooner.
+RAW_FIRST_STEP_CAP_S = 180.0
 
 PHASES = [
     ("containers", "container start (docker run x3 → master entrypoint done, sshd up)"),
@@ -141,6 +145,12 @@ def run_pair(cluster: LocalCluster, rep: int) -> dict:
                 cluster, job, "deepspeed" if who == "ours_ds" else None, preimport=who != "ours_cold"
             )
         try:
+            if who == "raw" and proc.wait_event("first_step", RAW_FIRST_STEP_CAP_S) is None:
+                end_raw(cluster, job)
+                raise RuntimeError(
+                    f"raw job: no first step within {RAW_FIRST_STEP_CAP_S:.0f} s "
+                    f"(exit {proc.proc.poll()}):\n{proc.tail(40)}"
+                )
             code = proc.wait_exit(JOB_TIMEOUT)
             ev = proc.events()
             if code != 0 or "first_step" not in ev:

@@ -137,6 +137,14 @@ def end_zygotes(cluster: LocalCluster) -> None:
         cluster.exec(name, "pkill", "-KILL", "-f", "gaudi_cluster.rank.zygote")
 
 
+def end_raw(cluster: LocalCluster, job: Sequence[str]) -> None:
+    """What a hung raw launch left on the nodes (its ranks wait in a collective): killed by its own
+    output directory, which names that launch only."""
+    output = job[job.index("--output_dir") + 1]
+    for name in [cluster.master, *cluster.worker_names]:
+        cluster.exec(name, "pkill", "-KILL", "-f", "--", f"--output_dir {output}")
+
+
 def exec_raw(cluster: LocalCluster, master_ip: str, job: Sequence[str]) -> Streamed:
     """The raw DeepSpeed launcher over pdsh/ssh, with the hostfile, keys and env file already in place."""
     return Streamed(
