@@ -187,6 +187,32 @@ def test_a_forked_rank_sees_what_a_plain_start_gives(tmp_path, dump_script):
     assert first["random"] != second["random"] and first["torch_seed"] != second["torch_seed"]
 
 
+def test_the_cpu_zygote_preimports_the_trainer_and_still_forks_with_the_ranks_own_environment(tmp_path):
+    """The bundled workload's Trainer stack (pyarrow among it, whose jemalloc would start a thread) is
+    imported before the fork, and the setting that keeps that thread off never reaches the rank."""
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import json, os, sys\n"
+        "print(json.dumps({'trainer': 'transformers.trainer' in sys.modules,\n"
+        "                  'arrow': 'pyarrow' in sys.modules,\n"
+        "                  'env': sorted(n for n in os.environ if n.startswith(('JE_', 'ARROW_')))}))\n"
+    )
+    env = {**_rank_env(tmp_path, 0, "z"), "DS_ACCELERATOR": "cpu"}
+    zygote_env = {k: v for k, v in env.items() if k not in ("RANK", "LOCAL_RANK")}
+    server, path = serve(tmp_path, zygote_env)
+    link = zygote_client.ZygoteLink((connect_agents(path, 1) or [])[0])
+    try:
+        assert link.wait_ready() is None
+        child = link.start([PY, str(script)], env, str(tmp_path))
+        assert isinstance(child, zygote_client.ZygoteChild), child  # not refused: one thread still
+        seen = json.loads(child.stdout.read())  # type: ignore[union-attr]
+        assert child.wait() == 0
+    finally:
+        link.close()
+    assert server.wait(timeout=60) == 0
+    assert seen == {"trainer": True, "arrow": True, "env": []}
+
+
 def test_a_rank_with_other_import_time_settings_is_refused_with_its_reason(tmp_path, dump_script):
     server, path = serve(tmp_path, {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "hpu"})
     env = {**os.environ, "OMP_NUM_THREADS": "2", "DS_ACCELERATOR": "hpu"}

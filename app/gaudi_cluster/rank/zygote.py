@@ -36,6 +36,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from gaudi_cluster.rank.zygote_rules import (
+    PRELOAD_ONLY_ENV,
     ForkReply,
     ForkRequest,
     Script,
@@ -66,11 +67,17 @@ def refusal_now() -> str | None:
 
 
 def preload(env: Mapping[str, str]) -> None:
-    for name in preload_modules(env):
-        try:
-            importlib.import_module(name)
-        except Exception:
-            return
+    only_now = {name: value for name, value in PRELOAD_ONLY_ENV.items() if name not in os.environ}
+    os.environ.update(only_now)
+    try:
+        for name in preload_modules(env):
+            try:
+                importlib.import_module(name)
+            except Exception:
+                return
+    finally:
+        for name in only_now:
+            os.environ.pop(name, None)
 
 
 def library_stamp() -> tuple[tuple[str, int, int], ...]:

@@ -38,6 +38,8 @@ KEY_PREFIXES = (
     "PYTHON",
     "LD_",
     "XDG_",  # the Hugging Face libraries place their caches from XDG_CACHE_HOME and HOME at import
+    "ARROW_",  # pyarrow (under the Trainer, through datasets) sets up its memory pool at import
+    "JE_",  # and its jemalloc reads JE_ARROW_MALLOC_CONF then
 )
 KEY_NAMES = ("HOME", "TMPDIR")
 # What a warm zygote starts with besides its key: it outlives the job, so none of the job's other
@@ -45,10 +47,17 @@ KEY_NAMES = ("HOME", "TMPDIR")
 BASIC_NAMES = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "USER", "LOGNAME", "TZ")
 # Secrets are no import-time setting, and their names must not make every rank start plain.
 _NOT_KEY_WORDS = ("TOKEN", "SECRET", "PASSWORD", "KEY")
-# The bundled workload's heaviest imports, in order. Not transformers' Trainer: it pulls in pyarrow,
-# whose jemalloc starts a thread at import (and numpy's OpenBLAS starts its pool unless
-# OMP_NUM_THREADS/OPENBLAS_NUM_THREADS is 1): the guard then refuses every fork.
-CPU_PRELOAD = ("torch", "transformers", "deepspeed")
+# The bundled workload's heaviest imports, in order: the Trainer's module is most of what a rank still
+# imported after the fork without it (1.8 s of 2.9 s: the models' code, accelerate, datasets).
+# numpy's OpenBLAS starts its thread pool at import unless OMP_NUM_THREADS/OPENBLAS_NUM_THREADS is 1,
+# and pyarrow's jemalloc its background thread unless told otherwise (PRELOAD_ONLY_ENV): with either
+# the guard refuses every fork.
+CPU_PRELOAD = ("torch", "transformers", "deepspeed", "transformers.trainer")
+# Set for the zygote's own imports only, where the ranks' environment does not say otherwise, and
+# removed before any fork: a rank's environment stays what a plain start gives. A forked rank then
+# runs jemalloc without its background purging thread (a plain start's has one): purging happens in
+# the allocating threads instead.
+PRELOAD_ONLY_ENV = {"JE_ARROW_MALLOC_CONF": "background_thread:false"}
 # Elsewhere only what is known fork-safe before a device is touched: `import deepspeed` picks its
 # accelerator at import (habana_frameworks on HPU, a CUDA query on GPUs), so the child imports it.
 DEVICE_PRELOAD = ("torch", "transformers")

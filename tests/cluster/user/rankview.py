@@ -1,5 +1,6 @@
 """A user's script that records what its start gave it, after the imports the zygote preloads on CPU
-(torch, transformers, deepspeed: variables those set at import are part of what a rank sees):
+(torch, transformers, deepspeed, transformers' Trainer: variables those set at import are part of
+what a rank sees):
 environment, argv, working directory, sys.path, __name__, and whether its parent is the zygote."""
 
 import json
@@ -9,7 +10,8 @@ import sys
 
 import deepspeed  # noqa: F401
 import torch
-import transformers  # noqa: F401
+import transformers
+import transformers.trainer  # noqa: F401
 
 with open(f"/proc/{os.getppid()}/cmdline", "rb") as handle:
     parent = handle.read().split(b"\0")
