@@ -34,6 +34,8 @@
 set -Eeuo pipefail
 
 readonly EP_ROLES="master worker auto"
+EP_SELF="$(readlink -f "${BASH_SOURCE[0]}")"
+readonly EP_SELF
 readonly EP_DEFAULT_PORT=3022
 readonly EP_DEFAULT_SSH_DIR=/run/secrets/gaudi-cluster
 readonly EP_KEY_NAME=id_ed25519
@@ -282,15 +284,12 @@ ep_run_worker() {
 	exec /usr/sbin/sshd -D -e -p "$port"
 }
 
-# ep_run_slurm_worker MASTER_HOST LAUNCH: a worker of a Slurm step. Slurm ends the step only once every
-# task has exited, so sshd runs under nodewatch, which exits once the master releases this node or is
-# gone. LAUNCH srun (nodes/srun: the master reaches the nodes by srun steps): no sshd, no keys needed.
+# ep_run_slurm_worker MASTER_HOST: a worker of a Slurm step that the master reaches over ssh. Slurm
+# ends the step only once every task has exited, so sshd runs under nodewatch, which exits once the
+# master releases this node or is gone. (A worker the master reaches by srun steps runs no sshd and
+# never comes here: `nodewatch auto` follows the master itself.)
 ep_run_slurm_worker() {
-	local master="$1" launch="$2" port
-	if [[ "$launch" == srun ]]; then
-		mkdir -p /run/gaudi-cluster/jobs
-		exec python3 -m gaudi_cluster.engines.nodewatch follow --master "$master" --srun
-	fi
+	local master="$1" port
 	port="$(ep_ssh_port)"
 	ep_prepare worker "$port"
 	exec python3 -m gaudi_cluster.engines.nodewatch follow --master "$master" -- \
@@ -376,10 +375,15 @@ ep_run_master() {
 	exec gaudi-cluster master "$@"
 }
 
-# ep_run_auto [JOB...]: the role the engine gives this node (see the header).
+# ep_run_auto [JOB...]: the role the engine gives this node (see the header). nodewatch decides it and
+# comes back here with the answer in GAUDI_CLUSTER_AUTO_ROLE, except as a Slurm worker reached by srun
+# steps: that one process then follows the master (one interpreter a node under Slurm, not two).
 ep_run_auto() {
-	local found role engine master launch
-	found="$(python3 -m gaudi_cluster.engines.nodewatch role)" || exit "$?"
+	local found="${GAUDI_CLUSTER_AUTO_ROLE:-}" role engine master launch
+	if [[ -z "$found" ]]; then
+		exec python3 -m gaudi_cluster.engines.nodewatch auto --entrypoint "$EP_SELF" -- "$@"
+	fi
+	unset GAUDI_CLUSTER_AUTO_ROLE
 	read -r role engine master launch <<<"$found"
 	case "$role" in
 		master)
@@ -392,7 +396,7 @@ ep_run_auto() {
 		worker)
 			(($# == 0)) || ep_note "auto: this node is a worker; the job arguments are the master's: $*"
 			if [[ "$engine" == slurm ]]; then
-				ep_run_slurm_worker "$master" "$launch"
+				ep_run_slurm_worker "$master"
 			else
 				ep_run_worker
 			fi
@@ -414,7 +418,8 @@ ep_main() {
 	if (($# > 0)) && ep_is_role "$1"; then
 		role="$1"
 		shift
-		if [[ -n "${GAUDI_CLUSTER_ROLE:-}" && "${GAUDI_CLUSTER_ROLE}" != "$role" ]]; then
+		# (said once: not again when nodewatch comes back with role auto's answer)
+		if [[ -n "${GAUDI_CLUSTER_ROLE:-}" && "${GAUDI_CLUSTER_ROLE}" != "$role" && -z "${GAUDI_CLUSTER_AUTO_ROLE:-}" ]]; then
 			ep_role_from_env >/dev/null
 			ep_warn "argument '$role' overrides GAUDI_CLUSTER_ROLE=$GAUDI_CLUSTER_ROLE"
 		fi

@@ -142,6 +142,10 @@ def test_sbatch_trains_the_default_job_on_three_nodes(slurm):
     # Node 0 of the step is the master, every node runs one rank (slots from each node, not Slurm's 1).
     assert "role auto: master (SLURM_NODEID=0)" in log
     assert log.count("role auto: worker") == 2
+    # A worker's task is one interpreter that decided its role and then followed the master (no
+    # second one started to follow); the master's node ran none once its role was known.
+    assert {node: watch.nodewatch.get(node) for node in NODES[1:]} == {"node2": {"auto"}, "node3": {"auto"}}
+    assert watch.nodewatch.get("node1", {"auto"}) == {"auto"}, watch.nodewatch
     assert rank_hosts(log) == {0: {"node1"}, 1: {"node2"}, 2: {"node3"}}
     assert re.search(r"job \S+ succeeded: 3 ranks on 3 nodes", log), log[-3000:]
     # The rendezvous port comes from the job id (enroot's rule), not the fixed default.

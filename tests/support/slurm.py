@@ -204,17 +204,20 @@ class SlurmCluster:
 
 # ssh clients and servers by their command name (ps's comm: `sshd: root@notty` sessions included).
 SSH_COMMANDS = ("ssh", "sshd", "sshd-session")
+NODEWATCH_MODULE = "gaudi_cluster.engines.nodewatch"
+NODE_TASK_COMMANDS = ("auto", "role", "follow")
 
 
 @dataclass
 class SshWatch:
     """Samples `ps` in every node container, one node after another, until stopped: every ssh or
-    sshd process seen, and how many samples each node answered (a watch that saw nothing proves
-    nothing)."""
+    sshd process seen, the `nodewatch` commands each node's task under the main step ran, and how
+    many samples each node answered (a watch that saw nothing proves nothing)."""
 
     cluster: SlurmCluster
     interval_s: float = 0.5
     seen: list[str] = field(default_factory=list)
+    nodewatch: dict[str, set[str]] = field(default_factory=dict)
     samples: dict[str, int] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -243,4 +246,9 @@ class SshWatch:
                     parts = line.split(None, 2)
                     if len(parts) >= 2 and parts[1] in SSH_COMMANDS:
                         self.seen.append(f"{node}: {line.strip()}")
+                    words = parts[2].split() if len(parts) == 3 else []
+                    if NODEWATCH_MODULE in words and words.index(NODEWATCH_MODULE) + 1 < len(words):
+                        command = words[words.index(NODEWATCH_MODULE) + 1]
+                        if command in NODE_TASK_COMMANDS:  # not `release`: the master's step at the end
+                            self.nodewatch.setdefault(node, set()).add(command)
             self._stop.wait(self.interval_s)

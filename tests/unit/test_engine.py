@@ -313,3 +313,50 @@ def test_master_releases_the_other_nodes_of_the_step_but_not_lost_ones(tmp_path,
     calls.clear()
     nodewatch.release_workers(config.release, {"GAUDI_CLUSTER_PEERS": "a,b"}, None, 0)
     assert calls == []
+
+
+def test_auto_follows_here_as_a_slurm_worker_reached_by_srun_and_goes_back_to_the_entrypoint_otherwise(
+    tmp_path,
+):
+    """One interpreter decides the role and, as a Slurm worker the master reaches by srun steps, is the
+    node's follower itself; any other answer goes back to the entrypoint with the answer."""
+    stub = tmp_path / "entrypoint.sh"
+    stub.write_text('#!/bin/sh\necho "ran: $* | $GAUDI_CLUSTER_AUTO_ROLE"\n')
+    stub.chmod(0o755)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (tmp_path / "bin" / "srun").chmod(0o755)
+    base = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "K_MPI", "JOB_COMPLETION"))},
+        "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+        "GAUDI_CLUSTER_JOB_ROOT": str(tmp_path / "run" / "jobs"),
+    }
+
+    def auto(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        argv = [
+            "-m",
+            "gaudi_cluster.engines.nodewatch",
+            "auto",
+            "--entrypoint",
+            str(stub),
+            "--",
+            "job.py",
+            "x",
+        ]
+        return subprocess.run(
+            [sys.executable, *argv], check=False, env=env, capture_output=True, text=True, timeout=60
+        )
+
+    indexed = auto({**base, "JOB_COMPLETION_INDEX": "1"})
+    assert (indexed.returncode, indexed.stdout) == (0, "ran: auto job.py x | worker indexed-job - ssh\n")
+
+    slurm_worker = {**base, "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_NODEID": "1"}
+    slurm_worker["SLURM_STEP_NODELIST"] = "node[1-2]"
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "released-77.0").write_text("0\n")  # the master released it: it ends at once
+    followed = auto(slurm_worker)
+    assert (followed.returncode, followed.stdout) == (0, ""), followed.stderr  # the entrypoint never ran
+    assert "role auto: worker (SLURM_NODEID=1); nodes reached by srun" in followed.stderr
+    assert "following the master on node1 (Slurm step 77.0)" in followed.stderr
+    assert "the job arguments are the master's: job.py x" in followed.stderr
+    assert (tmp_path / "run" / "jobs").is_dir() and not (tmp_path / "run" / "released-77.0").exists()

@@ -1,10 +1,14 @@
 """Node (a worker under Slurm; `release_workers` runs on the master): its sshd as a child, until the
 master releases the node (thin).
 
+    python -m gaudi_cluster.engines.nodewatch auto --entrypoint PATH [-- JOB...]
+        the entrypoint's role `auto`: resolves the role here (engine.auto_role, and how the master
+        reaches the nodes: nodes/srun.launch_mode, decided alike on every node), says it on stderr,
+        and then either follows the master itself (a Slurm worker the master reaches by srun steps:
+        the node's one process under Slurm, no second interpreter) or goes back to the entrypoint
+        with the answer in GAUDI_CLUSTER_AUTO_ROLE (`ROLE ENGINE MASTER_HOST|- srun|ssh`).
     python -m gaudi_cluster.engines.nodewatch role
-        the role `auto` resolves to here (engine.auto_role), printed as
-        `ROLE ENGINE MASTER_HOST|- srun|ssh` for the entrypoint (the last: how the master reaches
-        the nodes, nodes/srun.launch_mode, decided alike on every node); the reasons go to stderr.
+        the same answer printed on stdout instead.
     python -m gaudi_cluster.engines.nodewatch follow --master HOST [--srun] [-- SSHD_ARGV...]
         runs sshd (not with --srun: the master reaches this node by srun steps) and exits when
         engine.MasterWatch says so: 0 once released, 1 once the master is gone (ssh only).
@@ -30,7 +34,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from gaudi_cluster.engines import auto as engine
 from gaudi_cluster.errors import GaudiClusterError, error_line, exit_code_for
@@ -47,6 +51,7 @@ if TYPE_CHECKING:
 # (release_workers: logging, ssh, the reaches) and follow's (subprocess, the agent's module name) are
 # imported where they are used.
 
+AUTO_ROLE_VARIABLE = "GAUDI_CLUSTER_AUTO_ROLE"  # `auto`'s answer, for the entrypoint it goes back to
 TICK_S = 0.5
 KNOCK_INTERVAL_S = 2.0
 # A master that starts later than its workers (an image still being pulled on its node) still has
@@ -231,10 +236,48 @@ def workers_reach(config: ReleaseSettings, environ: Mapping[str, str], key: str)
     return SshReach(ssh.write_ssh_config(directory, config.ssh_port, identity), config.ssh_port)
 
 
+def resolved_role(environ: Mapping[str, str]) -> str:
+    """`ROLE ENGINE MASTER_HOST|- srun|ssh` for this node; the reasons go to stderr."""
+    found = engine.auto_role(environ, {socket.gethostname(), socket.getfqdn()})
+    launch = srun.launch_mode(environ, shutil.which("srun"))
+    via = f"; nodes reached by {launch}" if found.engine == engine.SLURM else ""
+    print(f"gaudi-cluster[entrypoint]: role auto: {found.role} ({found.reason}){via}", file=sys.stderr)
+    return f"{found.role} {found.engine} {found.master_host or '-'} {launch}"
+
+
+def auto(entrypoint: str, job: Sequence[str], config: ClusterConfig) -> NoReturn:
+    """The entrypoint's role `auto`: a Slurm worker reached by srun steps follows its master in this
+    very process (one interpreter a node, not one to decide and one to wait); any other answer goes
+    back to the entrypoint, which runs that role."""
+    answer = resolved_role(os.environ)
+    role, engine_name, master, launch = answer.split()
+    key = slurm.run_key(os.environ)
+    if (role, engine_name, launch) == (engine.WORKER, engine.SLURM, srun.SRUN) and key is not None:
+        if job:
+            print(f"gaudi-cluster[entrypoint]: auto: this node is a worker; the job arguments are the "
+                  f"master's: {' '.join(job)}", file=sys.stderr)  # fmt: skip
+        Path(config.job_root).mkdir(parents=True, exist_ok=True)
+        _exit_quietly(follow(master, [], config, key))
+    os.environ[AUTO_ROLE_VARIABLE] = answer
+    os.execv(entrypoint, [entrypoint, "auto", *job])
+
+
+def _exit_quietly(code: int) -> NoReturn:
+    # Exit without interpreter shutdown: it restores SIGTERM's default action, and srun's
+    # --kill-on-bad-exit (after the master's non-zero exit) may SIGTERM this task just then; a
+    # task killed by a signal would replace the master's exit code as the job's.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gaudi_cluster.engines.nodewatch")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("role", help="print the role `auto` resolves to: ROLE ENGINE MASTER_HOST|-")
+    auto_parser = sub.add_parser("auto", help="the entrypoint's role auto (follows here as a Slurm worker)")
+    auto_parser.add_argument("--entrypoint", required=True, help="where to go back for any other role")
+    auto_parser.add_argument("job", nargs=argparse.REMAINDER)
     follow_parser = sub.add_parser("follow", help="run sshd until the master releases this node")
     follow_parser.add_argument("--master", required=True)
     follow_parser.add_argument("--srun", action="store_true", help="no sshd: the master uses srun steps")
@@ -246,14 +289,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = resolve_config({}, os.environ)
         if args.command == "role":
-            found = engine.auto_role(os.environ, {socket.gethostname(), socket.getfqdn()})
-            launch = srun.launch_mode(os.environ, shutil.which("srun"))
-            via = f"; nodes reached by {launch}" if found.engine == engine.SLURM else ""
-            print(
-                f"gaudi-cluster[entrypoint]: role auto: {found.role} ({found.reason}){via}", file=sys.stderr
-            )
-            print(f"{found.role} {found.engine} {found.master_host or '-'} {launch}")
+            print(resolved_role(os.environ))
             return 0
+        if args.command == "auto":
+            auto(args.entrypoint, args.job[1:] if args.job[:1] == ["--"] else args.job, config)
         if args.command == "release":
             return release(config, args.key, args.exit_code)
         sshd_argv = args.sshd[1:] if args.sshd[:1] == ["--"] else args.sshd
@@ -262,13 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(
                 "follow needs SSHD_ARGV after -- (or --srun, not both) and a Slurm step (SLURM_JOB_ID)"
             )
-        code = follow(args.master, sshd_argv, config, key)
-        # Exit without interpreter shutdown: it restores SIGTERM's default action, and srun's
-        # --kill-on-bad-exit (after the master's non-zero exit) may SIGTERM this task just then; a
-        # task killed by a signal would replace the master's exit code as the job's.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        _exit_quietly(follow(args.master, sshd_argv, config, key))
     except GaudiClusterError as error:
         print(error_line(error), file=sys.stderr)
         return exit_code_for(error)
