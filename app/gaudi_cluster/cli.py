@@ -19,7 +19,7 @@ from gaudi_cluster.errors import ConfigError, GaudiClusterError, error_line, exi
 from gaudi_cluster.settings import command_line
 from gaudi_cluster.settings.config import resolve_config
 from gaudi_cluster.settings.flags import add_config_flags
-from gaudi_cluster.view.liveview import configure_logging
+from gaudi_cluster.view.logs import configure_logging
 from gaudi_cluster.wire.kinds import AUTO, Accelerator
 
 log = logging.getLogger("gaudi_cluster")

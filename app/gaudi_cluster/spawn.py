@@ -37,7 +37,7 @@ from gaudi_cluster.master import run_master
 from gaudi_cluster.nodes import probe
 from gaudi_cluster.nodes.world import read_hostfile
 from gaudi_cluster.settings.config import resolve_config
-from gaudi_cluster.view.liveview import configure_logging
+from gaudi_cluster.view.logs import configure_logging
 
 SpawnRunner = Callable[[SpawnRequest, bool], int | None]
 _OPERATORS = ";&|<>()"

@@ -203,7 +203,7 @@ def test_a_beat_carries_each_step_once_and_stays_under_1_kb():
 def test_verbose_logging_adds_our_debug_lines_only_and_libraries_say_only_warnings(monkeypatch):
     import logging
 
-    from gaudi_cluster.view.liveview import configure_logging
+    from gaudi_cluster.view.logs import configure_logging
 
     root = logging.getLogger()
     monkeypatch.setattr(root, "handlers", [])

@@ -42,18 +42,49 @@ def image_profile(path: Path | None = None) -> str | None:
         return None
 
 
-def package_versions() -> dict[str, str | None]:
-    # Here, not at the top: importlib.metadata (email, zipfile, csv with it) is ~25 ms of an import,
-    # and only the report reads it, not gaudi_spawn's use of this module (cpu_topology).
-    import importlib.metadata
-
-    versions: dict[str, str | None] = {}
-    for name in PACKAGES:
+def package_versions(paths: Sequence[str] | None = None) -> dict[str, str | None]:
+    """The installed version of each of PACKAGES (None: not installed), read from the names of the
+    distributions' `NAME-VERSION.dist-info` directories: one listing of each import path, where
+    importlib.metadata searches every path and parses a METADATA file per package (~25 ms of a probe,
+    which runs on every node of every job). A distribution found some other way (an egg, a name
+    without its version) is asked of importlib.metadata after all."""
+    wanted = {_distribution_key(name): name for name in PACKAGES}
+    versions: dict[str, str | None] = dict.fromkeys(PACKAGES)
+    unsure: set[str] = set()
+    for entry in sys.path if paths is None else paths:
         try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = None
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for item in names:
+            stem, dot, kind = item.rpartition(".")
+            if not dot or kind not in ("dist-info", "egg-info"):
+                continue
+            distribution, _, version = stem.partition("-")
+            name = wanted.get(_distribution_key(distribution))
+            if name is None or versions[name] is not None:
+                continue
+            if kind == "dist-info" and version:
+                versions[name] = version
+            else:
+                unsure.add(name)
+    for name in unsure - {name for name, version in versions.items() if version}:
+        versions[name] = _metadata_version(name)
     return versions
+
+
+def _distribution_key(name: str) -> str:
+    """A distribution's name as packaging compares it (PEP 503): optimum_habana == optimum-habana."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _metadata_version(name: str) -> str | None:
+    import importlib.metadata  # here: email, zipfile and csv come with it, ~10 ms of an import
+
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def interfaces() -> list[Interface]:

@@ -9,8 +9,6 @@ The same numbers serve `gaudi-cluster status` (a snapshot), the metrics and the 
 
 from __future__ import annotations
 
-import logging
-import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
@@ -113,10 +111,3 @@ class LiveView:
     def figures(self, agents: Sequence[AgentState], job_id: str, state: str, restarts: int) -> JobFigures:
         now, flagged = self.clock(), self.watch.flagged
         return job_figures(agents, now, now - self.started, self.rate, flagged, job_id, state, restarts)
-
-
-def configure_logging(verbose: bool) -> None:
-    """Our log lines on stderr, INFO and up (-v: DEBUG); a library's only from WARNING up: their INFO
-    lines (matplotlib's "generated new fontManager") are noise on a job's console."""
-    logging.basicConfig(level=logging.WARNING, format="gaudi-cluster: %(message)s", stream=sys.stderr)
-    logging.getLogger("gaudi_cluster").setLevel(logging.DEBUG if verbose else logging.INFO)
