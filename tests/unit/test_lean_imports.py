@@ -1,7 +1,7 @@
 """The node path's processes import only what their own path uses (issue 34).
 
-Every node starts several short Python processes before a rank runs (nodewatch's role and follow, the
-probe, launch.node, one rank agent per rank, the relay): each module below is imported in a fresh
+Every node starts several short Python processes before a rank runs (nodewatch, the probe through the
+CLI, launch.node, one rank agent per rank, the relay): each module below is imported in a fresh
 interpreter, and what only another path needs must not be loaded by the import itself. The interpreter
 runs with -S: no site (this venv's editable finder loads pathlib and re at start; the image, which puts
 app/ on sys.path with a plain .pth, has none), so the list is what the module itself pulls in.
@@ -51,6 +51,13 @@ LEAN = {
         "secrets",
     },
     "gaudi_cluster.nodes.probe": {"gaudi_cluster.nodes.srun", "hashlib", "secrets"},
+    # `python -m gaudi_cluster probe` and `reap` run on every node of every job: the CLI sets up its
+    # logging without the live view (its figures and dataclasses are the master's console's).
+    "gaudi_cluster.cli": {
+        "gaudi_cluster.view.liveview",
+        "gaudi_cluster.view.figures",
+        "gaudi_cluster.view.jobview",
+    },
     # srun only with --from-launch (Slurm), tempfile only for a zygote, hashlib only to name one.
     "gaudi_cluster.launch.node": {"gaudi_cluster.nodes.srun", "tempfile", "hashlib", "random", "shutil"},
 }

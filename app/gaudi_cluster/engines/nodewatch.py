@@ -189,7 +189,7 @@ def release_workers(
     """
     import logging
 
-    from gaudi_cluster.nodes.reach import SrunReach, failures
+    from gaudi_cluster.nodes.reach import failures
 
     log = logging.getLogger("gaudi_cluster.master")
     key = slurm.run_key(environ)
@@ -207,7 +207,7 @@ def release_workers(
             command += ["--exit-code", str(exit_code)]
         reach = reach or workers_reach(config, environ, key)
         signalled = exit_code is not None and exit_code >= 128
-        if signalled and isinstance(reach, SrunReach):
+        if signalled and reach.refused_while_ending:
             # Stopped by a signal (scancel, the time limit) the job is ending: Slurm refuses new steps
             # then, and the workers end on the same SIGTERM, so none is tried.
             return

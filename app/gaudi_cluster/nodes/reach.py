@@ -43,6 +43,9 @@ class Reach(Protocol):
     # Whether every node gets the same stdin (an srun step's --input=all): per-node values then travel
     # as one bundle each node takes its own entry from (wire/private_payload PayloadBundle).
     shared_stdin: bool
+    # Whether a run is refused once the job is ending on a stop signal (Slurm starts no new step of a
+    # job being cancelled or past its time limit): nothing is tried then.
+    refused_while_ending: bool
 
     def run(
         self,
@@ -77,6 +80,7 @@ class LocalReach:
 
     how = "locally"
     shared_stdin = False
+    refused_while_ending = False
 
     def run(
         self,
@@ -115,6 +119,7 @@ class SshReach:
     host_key_name: str | None = None  # the DNS name the nodes' certificates name (ssh HostKeyAlias)
     how = "over ssh"
     shared_stdin = False
+    refused_while_ending = False
 
     def open(self, hosts: Sequence[str], timeout_s: float) -> None:
         """One shared connection per node, all at once (a node where it fails is reached on its own)."""
@@ -166,6 +171,7 @@ class SrunReach:
 
     step: SrunStep
     shared_stdin = True
+    refused_while_ending = True
 
     @property
     def how(self) -> str:
