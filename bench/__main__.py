@@ -9,7 +9,7 @@ fabric (the fabric check's wall time and bandwidth beside a plain all-reduce loo
 with issue 24's steps beside the save before them), report (the final report of 8,000 ranks x 50,000 steps:
 peak memory beside the base commit's), swarm (the control plane at 64-1,000 nodes x 8 simulated ranks,
 beside the old server), elastic (a node killed -> first step on the nodes left, beside torchrun's agent),
-slurm (sbatch -> every stub rank running on 32 Slurm test nodes, ours by srun steps vs plain srun).
+slurm (sbatch -> every stub rank running on 32 and 64 Slurm test nodes, ours by srun steps vs plain srun).
 """
 
 from __future__ import annotations
@@ -65,9 +65,9 @@ SUITE: dict[str, tuple[Callable[[Ctx], list[Row]], float, float, bool]] = {
     # check-in-only runs and the soak (SWARM_SOAK_S) on top
     "swarm": (swarm.run, swarm.BUDGET_S, 120, False),
     "elastic": (elastic.run, 900, 400, True),  # a node killed -> next attempt's first step, ours vs torchrun
-    "slurm": (slurm_launch.run, 420, 200, True),  # 32 Slurm test nodes: ours (srun steps) vs plain srun
+    "slurm": (slurm_launch.run, 600, 300, True),  # 32 and 64 Slurm test nodes: ours (srun steps) vs srun
 }
-# The whole suite's budget: every share in full (about 56 min on 2 cores).
+# The whole suite's budget: every share in full (about 59 min on 2 cores).
 DEFAULT_BUDGET = float(sum(share for _runner, share, _least, _image in SUITE.values()))
 
 
