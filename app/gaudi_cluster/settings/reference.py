@@ -132,6 +132,13 @@ VARIABLES: tuple[Variable, ...] = (
         "the node's role when none is given: master, worker, auto",
     ),
     Variable(
+        "GAUDI_CLUSTER_AUTO_ROLE",
+        ReadBy.ENTRYPOINT,
+        "",
+        "set by role auto for the entrypoint it goes back to (never set it): the role decided, "
+        "`ROLE ENGINE MASTER_HOST|- srun|ssh`",
+    ),
+    Variable(
         "GAUDI_CLUSTER_SYSFS_ROOT",
         ReadBy.ENTRYPOINT,
         "/sys",
