@@ -69,6 +69,12 @@ def job_processes(cluster, name: str) -> list[str]:
     ]
 
 
+def relay_processes(cluster, name: str) -> list[str]:
+    """Node relays running as processes of their own on a node (not one a node process runs)."""
+    done = cluster.exec(name, "ps", "-eo", "pid,args", "--no-headers")
+    return [line for line in done.stdout.splitlines() if "gaudi_cluster.rank.relay" in line.split()]
+
+
 def ssh_clients(cluster) -> list[str]:
     """ssh client processes on the master (a shared connection shows as `ssh: ... [mux]`), not sshd."""
     done = cluster.exec(cluster.master, "ps", "-eo", "pid,rss,args", "--no-headers")
@@ -117,6 +123,12 @@ def test_killed_worker_stops_the_job_everywhere_and_is_named(make_cluster, launc
         assert wait_for(lambda: not ssh_clients(cluster), 15), ssh_clients(cluster)
         # and each node's relay removed its private file (the node key, --env-pass values)
         assert wait_for(lambda: not private_files(cluster), 15), private_files(cluster)
+        # The master's own node process lives as long as its rank and runs the relay itself; a
+        # worker's ended with its launch session, so its first agent started the relay as a process.
+        relays = {
+            name: len(relay_processes(cluster, name)) for name in (cluster.master, *cluster.worker_names)
+        }
+        assert relays == {cluster.master: 0, cluster.worker(1): 1, cluster.worker(2): 1}, relays
     victim = cluster.worker(2)
     docker("kill", victim)
     killed_at = time.monotonic()

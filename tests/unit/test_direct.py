@@ -56,19 +56,25 @@ def test_the_wire_format_keeps_its_fields_and_gains_a_schema():
     launch = json.loads(plan_for("direct", inputs()).stdin)
     # Schema 2: the launch gained `srun` (empty outside Slurm: ssh as before); 3: a node's `preimport`;
     # 4: how long its zygote stays warm (`preimport_keep_s`); 5: `hand_over` (a node reached over ssh ends
-    # its session once its ranks are seated, their output on the relay: the agents' --output-relay).
-    assert (launch["schema"], launch["python"], launch["ssh_config"]) == (5, PY, "/j/ssh_config")
+    # its session once its ranks are seated, their output on the relay: the agents' --output-relay);
+    # 6: `relay` (a node process that outlives its ranks runs their relay itself).
+    assert (launch["schema"], launch["python"], launch["ssh_config"]) == (6, PY, "/j/ssh_config")
     assert launch["srun"] == []
     assert [(n["host"], n["here"]) for n in launch["nodes"]] == [("10.0.0.1", True), ("10.0.0.2", False)]
     second = launch["nodes"][1]["spec"]
     assert second == {
-        "schema": 5, "node_rank": 1, "nnodes": 2, "first_rank": 2, "slots": [0, 1], "world_size": 4,
+        "schema": 6, "node_rank": 1, "nnodes": 2, "first_rank": 2, "slots": [0, 1], "world_size": 4,
         "master_addr": "10.0.0.1", "master_port": 29500, "cwd": "/w", "env": {"HCCL_X": "1"}, "python": PY,
         "agent_args": [*AGENT.args(("PROGRAM",))[:-2], "--output-relay", "--", PY, "-u", "/w/train.py",
                        "--lr", "1"],
-        "preimport": True, "preimport_keep_s": 0.0, "hand_over": True,
+        "preimport": True, "preimport_keep_s": 0.0, "hand_over": True, "relay": None,
     }  # fmt: skip
     assert launch["nodes"][0]["spec"]["hand_over"] is False  # this machine: no ssh session to end
+    # ... and its node process outlives its ranks: it runs their relay, as the agents would be told.
+    assert launch["nodes"][0]["spec"]["relay"] == {
+        "job_id": AGENT.job_id, "job_root": AGENT.job_root, "control": AGENT.control,
+        "heartbeat_timeout_s": AGENT.heartbeat_timeout_s,
+    }  # fmt: skip
 
 
 def test_only_nodes_reached_over_ssh_hand_over_and_the_plan_says_so():

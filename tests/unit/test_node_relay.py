@@ -21,7 +21,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from gaudi_cluster.rank import jobdir
+from gaudi_cluster.rank import jobdir, relay_host, relay_join
+from gaudi_cluster.rank import relay as node_relay
 from gaudi_cluster.rank.relay import PID_NAME
 from gaudi_cluster.supervise import admission
 from gaudi_cluster.supervise.control import ControlServer, EventKind
@@ -330,11 +331,17 @@ def wait_gone(pid: int, timeout_s: float = 10.0) -> bool:
 
 
 def wait_for_rank(job_dir: Path, rank: int) -> int:
-    """The rank's process group, from its pid file (written once the rank started)."""
+    """The rank's process group, from its pid file (written once the rank started; read once its
+    words are there: the file exists a moment before they are)."""
     pid_file, deadline = job_dir / f"rank{rank}.pid", time.monotonic() + 10
-    while not pid_file.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return int(pid_file.read_text().split()[0])
+    words: list[str] = []
+    while not words and time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            words = pid_file.read_text().split()
+        if not words:
+            time.sleep(0.05)
+    assert words, f"no pid file for rank {rank}"
+    return int(words[0])
 
 
 def test_after_the_stop_the_relay_reaps_a_rank_whose_agent_was_killed_and_says_so(cluster):
@@ -398,3 +405,50 @@ def test_a_silent_node_is_not_waited_for(cluster):
     assert time.monotonic() - began < 2.0
     relay.kill()
     assert all(process.wait(timeout=10) != 0 for process in agents)
+
+
+def relay_processes(job_root: Path) -> list[psutil.Process]:
+    """Relay processes of this test's job (an agent starts one where no relay listens)."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        words = process.info["cmdline"] or []
+        if "gaudi_cluster.rank.relay" in words and str(job_root) in words:
+            found.append(process)
+    return found
+
+
+def test_a_node_process_runs_the_relay_itself_and_its_agents_join_it(cluster):
+    """Where the node process outlives its ranks (an srun task, the master's own node), it runs their
+    relay in-process: the agents join that one (no relay process is started), the node still speaks
+    over one connection, and the relay ends once its agents have, their exits sent."""
+    server, agent, job_dir = cluster
+    hosted = relay_host.host(JOB, job_dir.parent, f"127.0.0.1:{server.port}", 30.0, 10.0)
+    assert hosted is not None
+    assert relay_host.host(JOB, job_dir.parent, f"127.0.0.1:{server.port}", 30.0, 10.0) is None  # one a job
+    agents = [agent(rank, f"echo up; sleep 1; exit {rank}") for rank in range(3)]
+    hellos = take(server, 3)
+    assert sorted(e.rank for e in hellos) == [0, 1, 2] and seated_connections(server) == 1
+    assert relay_processes(job_dir.parent) == [] and relay_process(job_dir) is None
+    exits = take(server, 3)
+    assert {e.rank: e.code for e in exits} == {0: 0, 1: 1, 2: 2}
+    assert [process.wait(timeout=10) for process in agents] == [0, 1, 2]
+    started = time.monotonic()
+    hosted.end()
+    assert not hosted.thread.is_alive() and time.monotonic() - started < node_relay.LINGER_S  # no lingering
+    assert not (job_dir / jobdir.RELAY_SOCKET).exists()
+
+
+def test_a_node_process_relay_the_master_refuses_leaves_the_reason_in_its_log(cluster, tmp_path):
+    """The master does not admit the node: the relay's reason goes to the relay's log, as a relay
+    process's does, and the lock is let go (an agent would start a relay and meet the same refusal)."""
+    server, _agent, _job_dir = cluster
+    jobdir.stage(tmp_path, "other-job", PrivatePayload(node=NODE, token="not-the-key"))
+    hosted = relay_host.host("other-job", tmp_path, f"127.0.0.1:{server.port}", 30.0, 3.0)
+    assert hosted is not None
+    hosted.thread.join(timeout=15)
+    assert not hosted.thread.is_alive()
+    log = (tmp_path / "other-job" / relay_join.LOG_NAME).read_text()
+    assert "gaudi-cluster[relay]: error:" in log, log
+    assert (
+        relay_host.host("other-job", tmp_path, f"127.0.0.1:{server.port}", 30.0, 0.1) is not None
+    )  # lock free

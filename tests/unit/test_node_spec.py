@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from gaudi_cluster.wire.node_spec import (
     SCHEMA_VERSION,
     FanoutSpec,
     NodeEntry,
+    NodeRelaySpec,
     NodeSpec,
     NodeSpecError,
 )
@@ -38,6 +40,9 @@ LAUNCH = FanoutSpec(
 )
 
 
+RELAY = NodeRelaySpec("j1", "/run/gaudi-cluster/jobs", "10.0.0.1:29400", 10.0)
+
+
 def spec_dict(**over: object) -> dict[str, object]:
     return {**SPEC.to_dict(), **over}
 
@@ -51,6 +56,8 @@ def test_the_entry_modules_are_the_real_ones():
 
 def test_a_node_spec_survives_json():
     assert NodeSpec.from_json(SPEC.to_json()) == SPEC
+    with_relay = dataclasses.replace(SPEC, relay=RELAY)
+    assert NodeSpec.from_json(with_relay.to_json()) == with_relay
     assert json.loads(SPEC.to_json())["schema"] == SCHEMA_VERSION
 
 
@@ -77,7 +84,7 @@ def test_a_spec_is_frozen_and_keeps_no_caller_list():
 @pytest.mark.parametrize(
     ("data", "match"),
     [
-        pytest.param(spec_dict(schema=1), "schema 1, this end reads 5", id="other-schema"),
+        pytest.param(spec_dict(schema=1), "schema 1, this end reads 6", id="other-schema"),
         pytest.param({k: v for k, v in spec_dict().items() if k != "schema"}, "schema None", id="no-schema"),
         pytest.param(
             {k: v for k, v in spec_dict().items() if k != "cwd"}, r"missing field\(s\) cwd", id="missing"
@@ -108,6 +115,12 @@ def test_a_spec_is_frozen_and_keeps_no_caller_list():
         pytest.param(spec_dict(node_rank=2), "node_rank 2 is not below nnodes 2", id="rank-past-nodes"),
         pytest.param(spec_dict(first_rank=3), r"ranks 3\.\.4 exceed world_size 4", id="rank-past-world"),
         pytest.param([1, 2], "expected a JSON object, got list", id="not-object"),
+        pytest.param(
+            spec_dict(relay={"job_id": "j1"}), r"node relay: missing field\(s\) control", id="relay"
+        ),
+        pytest.param(
+            spec_dict(hand_over=True, relay=RELAY.to_dict()), "hands its ranks over cannot run", id="both"
+        ),
     ],
 )
 def test_a_malformed_node_spec_is_named(data, match):

@@ -30,7 +30,14 @@ from gaudi_cluster.launch.plan import (
 from gaudi_cluster.nodes.hostfile import Hostfile, render_mpi_hosts
 from gaudi_cluster.settings import profiles
 from gaudi_cluster.wire.kinds import LauncherName
-from gaudi_cluster.wire.node_spec import AGENT_MODULE, FANOUT_MODULE, FanoutSpec, NodeEntry, NodeSpec
+from gaudi_cluster.wire.node_spec import (
+    AGENT_MODULE,
+    FANOUT_MODULE,
+    FanoutSpec,
+    NodeEntry,
+    NodeRelaySpec,
+    NodeSpec,
+)
 
 _OTHERWISE = "or choose another launcher"
 SSH = OnPath("ssh", f"install it (apt-get install openssh-client) {_OTHERWISE}")
@@ -289,6 +296,13 @@ class TorchrunLauncher:
         return LaunchPlan(base.argv, {**inputs.env, **base.env}, base.launcher)
 
 
+def node_relay(agent: AgentSettings) -> NodeRelaySpec | None:
+    """The relay a node process runs itself, for a supervised job (an unsupervised one has none)."""
+    if agent.control is None:
+        return None
+    return NodeRelaySpec(agent.job_id, agent.job_root, agent.control, agent.heartbeat_timeout_s)
+
+
 class DirectLauncher:
     """Our own launch: one `gaudi_cluster.launch.fanout` here, starting `gaudi_cluster.launch.node` on
     every node (this one without ssh, the others over the survey's ssh connections, or all in one srun
@@ -310,6 +324,8 @@ class DirectLauncher:
         agent_args = tuple(agent.args(inputs.program))
         for index, entry in enumerate(inputs.hostfile.entries):
             here = _is_here(inputs, entry.host)
+            # Over ssh (not here, not an srun task, whose step would end with it), supervised.
+            hand_over = not here and not inputs.srun and agent.control is not None
             spec = NodeSpec(
                 node_rank=index,
                 nnodes=len(inputs.hostfile.entries),
@@ -324,8 +340,9 @@ class DirectLauncher:
                 agent_args=agent_args,
                 preimport=inputs.preimport,
                 preimport_keep_s=inputs.preimport_keep_s,
-                # Over ssh (not here, not an srun task, whose step would end with it), supervised.
-                hand_over=not here and not inputs.srun and agent.control is not None,
+                hand_over=hand_over,
+                # Where the node process outlives nothing of its node's ranks, it runs their relay.
+                relay=None if hand_over else node_relay(agent),
             )
             entries.append(NodeEntry(entry.host, here, spec))
             first += entry.slots

@@ -12,9 +12,12 @@ agents connect to the node's zygote for the ranks' import-time settings (rank/zy
 previous attempt or job left, else a new one that imports the heavy libraries once while the agents
 join (and retires the node's zygote of other settings); it forks the ranks. It
 exits when every agent has, with the first failing agent's code; SIGTERM/SIGINT/SIGHUP reach every
-agent. With `hand_over` (a node the master reached over ssh) it exits 0 as soon as every agent is
-seated: the ranks' output and exits then travel only over the node relay, so the ssh session that
-started this process, and the master's ssh client with it, can end while the job runs.
+agent. Where the spec gives it the node's `relay` (this process lives as long as its ranks: an srun
+task, the master's own node) it runs the node relay in a thread before the agents start, so the node
+starts no relay process, and ends it once its agents have exited. With `hand_over` (a node the
+master reached over ssh) it exits 0 as soon as every agent is seated: the ranks' output and exits
+then travel only over the node relay, so the ssh session that started this process, and the
+master's ssh client with it, can end while the job runs.
 """
 
 from __future__ import annotations
@@ -30,10 +33,14 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gaudi_cluster.errors import ConfigError
 from gaudi_cluster.rank.zygote_rules import script_of, start_environment, zygote_name
 from gaudi_cluster.wire.node_spec import AGENT_MODULE, ZYGOTE_MODULE, FanoutSpec, NodeSpec, NodeSpecError
+
+if TYPE_CHECKING:
+    from gaudi_cluster.rank.relay_host import HostedRelay
 
 
 def rank_environments(spec: NodeSpec, base: Mapping[str, str]) -> list[dict[str, str]]:
@@ -99,6 +106,8 @@ def wants_zygote(spec: NodeSpec) -> bool:
 
 # How long a node process waits for the zygote it started to open its socket (an interpreter start).
 LISTEN_WAIT_S = 10.0
+# How long the relay it runs keeps trying the master's control channel (an agent's default too).
+RELAY_CONNECT_S = 30.0
 
 
 def zygote_place(uid: int, temp: str) -> Path | str:
@@ -203,6 +212,18 @@ class Zygote:
     conns: list[socket.socket]
 
 
+def start_relay(spec: NodeSpec) -> HostedRelay | None:
+    """The node's relay in this process, where the spec says so (this process outlives the ranks)."""
+    if spec.relay is None:
+        return None
+    from gaudi_cluster.rank import relay_host  # here: a node process that hands its ranks over has none
+
+    given = spec.relay
+    return relay_host.host(
+        given.job_id, Path(given.job_root), given.control, given.heartbeat_timeout_s, RELAY_CONNECT_S
+    )
+
+
 def read_spec(text: str, from_launch: bool, env: Mapping[str, str]) -> NodeSpec:
     """This node's spec: stdin itself, or (from_launch) this node's entry of the whole launch."""
     if not from_launch:
@@ -222,6 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gaudi-cluster[node]: error: bad node spec on stdin ({error}); fix: let the master start it")
         return 2
     envs = rank_environments(spec, os.environ)
+    relay = start_relay(spec)  # first: the master admits the node while the zygote and agents start
     zygote = start_zygote(spec, zygote_environment(envs[0]), len(envs)) if wants_zygote(spec) else None
     ends: list[socket.socket | None] = list(zygote.conns) if zygote else [None] * len(envs)
     ready: list[int] = []  # our ends of the agents' ready pipes (spec.hand_over)
@@ -266,6 +288,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # (reparented), stopped by the master through the relay or by its silence.
         return 0
     codes = [agent.wait() for agent in agents]
+    if relay is not None:
+        relay.end()  # its agents' exits (and after a stop the node's reap) reach the master first
     if zygote and zygote.leaves_with_us:
         zygote.leaves_with_us.wait()  # not warm (Slurm): nothing of the job outlives this process
     return next((code for code in codes if code), 0)

@@ -1,17 +1,18 @@
 """The node relay: this node's one control connection to the master, for all of its rank agents.
 
-The first agent of a job on a node starts it (`relay_join`); it authenticates to the master as the
-node (role "node", the node's key from the private file), then listens on a Unix socket in the
-job's directory (0700, and every peer's uid checked) for the node's agents. Each agent's lines come
-to the relay; the master gets one `summary` every 1–2 s for the whole node (`protocol.beat_every`;
-`relay_beats`: what the master's per-rank bookkeeping would work out, at a per-node cost), the
-ranks' output lines as they come (the direct launcher's: no ssh session carries them), each rank's
-exit at once, and `gone` for an agent that left without one. The master's stops and beats go to
-every agent, so an agent keeps its own rules: it stops its rank when the master's beats stop or its
-link closes. The relay ends once its last agent has left (or the master has: then every agent is cut
-off, which stops its rank at once). After the master's stop it ends by reaping the node: whatever the
-job's pid files still name is killed (at once when its agents have left, else once the stop's grace
-is over), and `reaped` tells the master the node needs no `reap` over ssh or srun.
+The first agent of a job on a node starts it (`relay_join`), unless the node process runs it already
+(`relay_host`: a node process that lives as long as its ranks, launch/node); it authenticates to the master as
+the node (role "node", the node's key from the private file), then listens on a Unix socket in the job's
+directory (0700, and every peer's uid checked) for the node's agents. Each agent's lines come to the
+relay; the master gets one `summary` every 1–2 s for the whole node (`protocol.beat_every`;
+`relay_beats`: what the master's per-rank bookkeeping would work out, at a per-node cost), the ranks'
+output lines as they come (the direct launcher's: no ssh session carries them), each rank's exit at
+once, and `gone` for an agent that left without one. The master's stops and beats go to every agent, so
+an agent keeps its own rules: it stops its rank when the master's beats stop or its link closes. The
+relay ends once its last agent has left (or the master has: then every agent is cut off, which stops its
+rank at once). After the master's stop it ends by reaping the node: whatever the job's pid files still
+name is killed (at once when its agents have left, else once the stop's grace is over), and `reaped`
+tells the master the node needs no `reap` over ssh or srun.
 
     python -m gaudi_cluster.rank.relay --job-id J --job-root R --control HOST:PORT --heartbeat-timeout S
 
@@ -31,9 +32,10 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TextIO
 
 from gaudi_cluster.rank import jobdir, reap
 from gaudi_cluster.rank.relay_beats import NodeBeats
@@ -42,6 +44,8 @@ from gaudi_cluster.wire.channel import Channel, Identity, Unsendable, connect_an
 
 PID_NAME = "relay.pid"
 LINGER_S = 2.0  # after the last agent left: room for a late one before the relay ends
+IDLE_POLL_S = 0.02
+
 # After the master's stop and its grace: what an agent has not ended by then, the relay kills (as
 # `gaudi-cluster reap` would), so the master need not reach the node for it.
 STOP_MARGIN_S = 2.0
@@ -83,6 +87,10 @@ class Relay:
         self.listening = threading.Event()
         self.reap_by: float | None = None  # once the master said stop: when the relay reaps the rest
         self.reaped = False
+        self.said_to: TextIO | None = None  # its lines' stream: stdout (the relay's log) unless set
+
+    def say(self, text: str) -> None:
+        say(text, self.said_to)
 
     # --- the master's side ----------------------------------------------------------------------
 
@@ -110,7 +118,7 @@ class Relay:
         except Unsendable as error:
             self.unsent += 1
             if self.unsent <= SAID:
-                say(f"did not send the master {error}")
+                self.say(f"did not send the master {error}")
             return False
 
     def from_master(self) -> None:
@@ -133,7 +141,7 @@ class Relay:
         ending anyway (its last agent left)."""
         links = self.all_links()
         if not self.done.is_set():
-            say(f"the master's link ended ({why}): cutting off this node's {len(links)} agents")
+            self.say(f"the master's link ended ({why}): cutting off this node's {len(links)} agents")
         for link in links:
             link.channel.close()
         self.done.set()
@@ -142,7 +150,7 @@ class Relay:
         # Only the master's sealed messages count: an injected stop (or beat) changes nothing.
         self.ignored += 1
         if self.ignored <= SAID:  # a stream of forgeries must not become a stream of lines
-            say(f"ignored a control message ({why})")
+            self.say(f"ignored a control message ({why})")
 
     def _from_master(self, message: messages.Message | messages.Dropped) -> None:
         if isinstance(message, messages.Dropped):
@@ -176,7 +184,7 @@ class Relay:
             try:
                 self._tick(summary=second % every == 0)
             except Exception as error:  # one second's summary, never the relay (this is its main thread)
-                say(f"the node's summary failed this second: {type(error).__name__}: {error}")
+                self.say(f"the node's summary failed this second: {type(error).__name__}: {error}")
 
     def _tick(self, summary: bool = True) -> None:
         assert self.master is not None
@@ -239,7 +247,7 @@ class Relay:
         # Counted per agent: one agent's flood never hides another's line. Its lines are this
         # user's own, but a stream of them is not a stream of logs.
         if link.dropped <= SAID:
-            say(f"dropped a line from an agent ({link.who()}: {why})")
+            self.say(f"dropped a line from an agent ({link.who()}: {why})")
 
     def _serve(self, link: _Link) -> None:
         while (message := link.channel.receive(messages.FROM_AGENT)) is not None:
@@ -278,7 +286,7 @@ class Relay:
         cut = why not in ("", "closed by the peer", "broken")
         if cut:
             agent = "an agent not joined yet" if link.rank is None else f"rank {link.rank}'s agent"
-            say(f"closed the link of {agent}: {why}")
+            self.say(f"closed the link of {agent}: {why}")
         link.channel.close()
         with self.lock:
             seated = link.rank is not None and self.links.get(link.rank) is link
@@ -308,6 +316,7 @@ class Relay:
     # --- main -----------------------------------------------------------------------------------
 
     def run(self, connect_timeout_s: float, starter: int | None = None) -> int:
+        """The relay as a process of its own (an agent started it): until the end of the node's job."""
         # Until it listens, nobody but the agent that started it needs it: a job that ended before
         # the master admitted this node must not leave it retrying a master that is gone. The agent
         # names itself (starter): read here, after the imports, our parent may already be init.
@@ -315,16 +324,26 @@ class Relay:
         try:
             self.connect(connect_timeout_s)
         except ConnectionError as error:
-            say(f"error: {error}")
+            self.say(f"error: {error}")
             return 1
         # From here a stop signal for the whole step or container (scancel, docker stop, Ctrl-C)
         # also reaches the agents, which give their ranks the grace to save: the relay must still
         # carry their exits, and it ends by itself once they have left.
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, signal.SIG_IGN)
+        self.serve(pid_file=True)
+        return 0
+
+    def serve(self, pid_file: bool, listening: Callable[[], None] | None = None) -> None:
+        """Listen for the node's agents (`listening` is called then) and relay until the end. The pid
+        file names this process for `gaudi-cluster reap`: a node process running the relay writes
+        none (its agents' own files name what a reap must end)."""
         listener = listen(self.job_dir)
         self.listening.set()
-        (self.job_dir / PID_NAME).write_text(f"{os.getpgrp()} {os.getpid()}\n")
+        if pid_file:
+            (self.job_dir / PID_NAME).write_text(f"{os.getpgrp()} {os.getpid()}\n")
+        if listening is not None:
+            listening()
         for work, args in ((self.from_master, ()), (self.accept, (listener,))):
             threading.Thread(target=work, args=args, daemon=True).start()
         try:
@@ -333,21 +352,35 @@ class Relay:
             with contextlib.suppress(OSError):
                 listener.close()
                 os.unlink(self.job_dir / jobdir.RELAY_SOCKET)
-            with contextlib.suppress(OSError):
-                (self.job_dir / PID_NAME).unlink()
+            if pid_file:
+                with contextlib.suppress(OSError):
+                    (self.job_dir / PID_NAME).unlink()
             if self.master is not None:
                 self.master.close()
-        return 0
+
+    def end_once_idle(self, timeout_s: float) -> None:
+        """Every agent of the node has exited (the node process running the relay waited for them):
+        end as soon as their links are gone, and after a stop once the node is reaped, without
+        lingering for a late agent."""
+        deadline = time.monotonic() + timeout_s
+        while not self.done.is_set() and time.monotonic() < deadline:
+            with self.lock:
+                idle = not self.links and not self.joining and (self.reap_by is None or self.reaped)
+            if idle:
+                self.done.set()
+                return
+            time.sleep(IDLE_POLL_S)
+        self.done.set()
 
     def _follow_starter(self, starter: int) -> None:
         while not self.listening.wait(STARTER_POLL_S):
             if os.getppid() != starter:
-                say("the agent that started this relay left before the master admitted the node; ending")
+                self.say("the agent that started this relay left before the master admitted the node; ending")
                 os._exit(1)
 
 
-def say(text: str) -> None:
-    print(f"gaudi-cluster[relay]: {text}", flush=True)
+def say(text: str, to: TextIO | None = None) -> None:
+    print(f"gaudi-cluster[relay]: {text}", file=to or sys.stdout, flush=True)
 
 
 def listen(job_dir: Path) -> socket.socket:

@@ -73,6 +73,15 @@ def _relay_link(job_dir: Path, relay_args: list[str], deadline: float) -> Channe
         return channel
 
 
+def listening(job_dir: Path) -> bool:
+    """Whether a relay answers on this job's socket now."""
+    channel = _connect(job_dir)
+    if channel is None:
+        return False
+    channel.close()
+    return True
+
+
 def _connect(job_dir: Path) -> Channel | None:
     if not (job_dir / jobdir.RELAY_SOCKET).exists():
         return None

@@ -38,6 +38,9 @@ from gaudi_cluster.view.liveview import LiveView
 log = logging.getLogger("gaudi_cluster.supervise.supervisor")
 
 LOOK_INTERVAL_S = 1.0  # how often the whole job's state is read (live view, stuck ranks)
+# After the ranks' exits, how long the relays get (beyond the stop's grace) to reap their nodes and
+# say so: their agents have left by then, so it takes milliseconds unless a node is in trouble.
+RELAY_REAP_S = 3.0
 GC_YOUNG_THRESHOLD = 50_000  # Python's 700 made ~58 young collections a second at 8,000 ranks
 
 
@@ -382,6 +385,9 @@ class Supervisor:
                     log.debug("rank %d %s after %.2fs", event.rank, event.kind.value, self.clock() - began)
         left = self.server.running()
         log.debug("ranks confirmed after %.2fs; still unconfirmed: %s", self.clock() - began, left or "none")
+        # A node process that runs its node's relay (an srun task, this node's own) is in the
+        # launcher's process group: its relay reaps the node and says so before the launcher ends.
+        self.server.reaped_by_relays(grace + RELAY_REAP_S)
         self._kill_launcher(grace_s=2.0 if stopping else 0.0)
 
     def _wait_launcher(self, timeout_s: float) -> None:

@@ -21,11 +21,41 @@ NODE_MODULE = "gaudi_cluster.launch.node"
 ZYGOTE_MODULE = "gaudi_cluster.rank.zygote"
 
 # Changes whenever a field changes meaning, so that a node running another image says so at once.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 
 class NodeSpecError(ValueError):
     """A launch or node spec that is not one gaudi-cluster of this version writes."""
+
+
+@dataclass(frozen=True)
+class NodeRelaySpec:
+    """What a node process needs to run its node's relay itself (rank/relay, in-process): set where the
+    node process lives as long as its ranks (an srun task, the master's own node), so that the node
+    starts one interpreter fewer than when its first agent starts the relay."""
+
+    job_id: str
+    job_root: str
+    control: str  # HOST:PORT of the master's control channel
+    heartbeat_timeout_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "job_root": self.job_root,
+            "control": self.control,
+            "heartbeat_timeout_s": self.heartbeat_timeout_s,
+        }
+
+    @classmethod
+    def from_dict(cls, data: object) -> NodeRelaySpec:
+        fields = _fields(data, "node relay", set(cls.__dataclass_fields__), versioned=False)
+        return cls(
+            job_id=_text(fields, "job_id"),
+            job_root=_text(fields, "job_root"),
+            control=_text(fields, "control"),
+            heartbeat_timeout_s=_seconds(fields, "heartbeat_timeout_s"),
+        )
 
 
 @dataclass(frozen=True)
@@ -49,6 +79,8 @@ class NodeSpec:
     # Once every rank is seated the node process exits and the ranks live on under the node relay
     # (their output goes there too): set for a node reached over ssh, so its session ends.
     hand_over: bool = False
+    # The node process runs the node's relay itself (never with hand_over: it ends before its ranks).
+    relay: NodeRelaySpec | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "slots", tuple(self.slots))
@@ -72,6 +104,7 @@ class NodeSpec:
             "preimport": self.preimport,
             "preimport_keep_s": self.preimport_keep_s,
             "hand_over": self.hand_over,
+            "relay": None if self.relay is None else self.relay.to_dict(),
         }
 
     def to_json(self) -> str:
@@ -95,7 +128,10 @@ class NodeSpec:
             preimport=_flag(fields, "preimport"),
             preimport_keep_s=_seconds(fields, "preimport_keep_s"),
             hand_over=_flag(fields, "hand_over"),
+            relay=None if fields["relay"] is None else NodeRelaySpec.from_dict(fields["relay"]),
         )
+        if spec.hand_over and spec.relay is not None:
+            raise NodeSpecError("node spec: a node process that hands its ranks over cannot run their relay")
         if spec.node_rank >= spec.nnodes:
             raise NodeSpecError(f"node spec: node_rank {spec.node_rank} is not below nnodes {spec.nnodes}")
         if spec.first_rank + len(spec.slots) > spec.world_size:
