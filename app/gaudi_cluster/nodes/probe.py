@@ -43,11 +43,11 @@ def image_profile(path: Path | None = None) -> str | None:
 
 
 def package_versions(paths: Sequence[str] | None = None) -> dict[str, str | None]:
-    """The installed version of each of PACKAGES (None: not installed), read from the names of the
-    distributions' `NAME-VERSION.dist-info` directories: one listing of each import path, where
-    importlib.metadata searches every path and parses a METADATA file per package (~25 ms of a probe,
-    which runs on every node of every job). A distribution found some other way (an egg, a name
-    without its version) is asked of importlib.metadata after all."""
+    """The installed version of each of PACKAGES (None: not installed): the `Version:` header of the
+    METADATA in its `NAME-VERSION.dist-info` directory, found by one listing of each import path, where
+    importlib.metadata searches every path and parses the whole file per package (~25 ms of a probe,
+    which runs on every node of every job). A distribution found some other way (an egg, a dist-info
+    without a readable METADATA) is asked of importlib.metadata after all."""
     wanted = {_distribution_key(name): name for name in PACKAGES}
     versions: dict[str, str | None] = dict.fromkeys(PACKAGES)
     unsure: set[str] = set()
@@ -60,17 +60,31 @@ def package_versions(paths: Sequence[str] | None = None) -> dict[str, str | None
             stem, dot, kind = item.rpartition(".")
             if not dot or kind not in ("dist-info", "egg-info"):
                 continue
-            distribution, _, version = stem.partition("-")
-            name = wanted.get(_distribution_key(distribution))
+            name = wanted.get(_distribution_key(stem.partition("-")[0]))
             if name is None or versions[name] is not None:
                 continue
-            if kind == "dist-info" and version:
+            version = _header_version(Path(entry or ".", item, "METADATA")) if kind == "dist-info" else None
+            if version:
                 versions[name] = version
             else:
                 unsure.add(name)
     for name in unsure - {name for name, version in versions.items() if version}:
         versions[name] = _metadata_version(name)
     return versions
+
+
+def _header_version(metadata: Path) -> str | None:
+    """The `Version:` of a METADATA file's headers (they end at the first blank line)."""
+    try:
+        with metadata.open(encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                if not line.strip():
+                    return None
+                if line.startswith("Version:"):
+                    return line.partition(":")[2].strip() or None
+    except OSError:
+        return None
+    return None
 
 
 def _distribution_key(name: str) -> str:
