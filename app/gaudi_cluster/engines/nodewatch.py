@@ -236,12 +236,17 @@ def workers_reach(config: ReleaseSettings, environ: Mapping[str, str], key: str)
     return SshReach(ssh.write_ssh_config(directory, config.ssh_port, identity), config.ssh_port)
 
 
-def resolved_role(environ: Mapping[str, str]) -> str:
-    """`ROLE ENGINE MASTER_HOST|- srun|ssh` for this node; the reasons go to stderr."""
+def resolve_role(environ: Mapping[str, str]) -> tuple[engine.AutoRole, str]:
+    """This node's role and how the master reaches the nodes (srun | ssh); the reasons go to stderr."""
     found = engine.auto_role(environ, {socket.gethostname(), socket.getfqdn()})
     launch = srun.launch_mode(environ, shutil.which("srun"))
     via = f"; nodes reached by {launch}" if found.engine == engine.SLURM else ""
     print(f"gaudi-cluster[entrypoint]: role auto: {found.role} ({found.reason}){via}", file=sys.stderr)
+    return found, launch
+
+
+def role_answer(found: engine.AutoRole, launch: str) -> str:
+    """`ROLE ENGINE MASTER_HOST|- srun|ssh`: what the entrypoint reads."""
     return f"{found.role} {found.engine} {found.master_host or '-'} {launch}"
 
 
@@ -249,16 +254,16 @@ def auto(entrypoint: str, job: Sequence[str], config: ClusterConfig) -> NoReturn
     """The entrypoint's role `auto`: a Slurm worker reached by srun steps follows its master in this
     very process (one interpreter a node, not one to decide and one to wait); any other answer goes
     back to the entrypoint, which runs that role."""
-    answer = resolved_role(os.environ)
-    role, engine_name, master, launch = answer.split()
+    found, launch = resolve_role(os.environ)
     key = slurm.run_key(os.environ)
-    if (role, engine_name, launch) == (engine.WORKER, engine.SLURM, srun.SRUN) and key is not None:
+    if found.role == engine.WORKER and found.engine == engine.SLURM and launch == srun.SRUN and key:
         if job:
             print(f"gaudi-cluster[entrypoint]: auto: this node is a worker; the job arguments are the "
                   f"master's: {' '.join(job)}", file=sys.stderr)  # fmt: skip
+        assert found.master_host is not None  # a Slurm worker's master is the step's first host
         Path(config.job_root).mkdir(parents=True, exist_ok=True)
-        _exit_quietly(follow(master, [], config, key))
-    os.environ[AUTO_ROLE_VARIABLE] = answer
+        _exit_quietly(follow(found.master_host, [], config, key))
+    os.environ[AUTO_ROLE_VARIABLE] = role_answer(found, launch)
     os.execv(entrypoint, [entrypoint, "auto", *job])
 
 
@@ -289,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = resolve_config({}, os.environ)
         if args.command == "role":
-            print(resolved_role(os.environ))
+            print(role_answer(*resolve_role(os.environ)))
             return 0
         if args.command == "auto":
             auto(args.entrypoint, args.job[1:] if args.job[:1] == ["--"] else args.job, config)

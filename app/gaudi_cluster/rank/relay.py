@@ -45,7 +45,6 @@ from gaudi_cluster.wire.channel import Channel, Identity, Unsendable, connect_an
 PID_NAME = "relay.pid"
 LINGER_S = 2.0  # after the last agent left: room for a late one before the relay ends
 IDLE_POLL_S = 0.02
-
 # After the master's stop and its grace: what an agent has not ended by then, the relay kills (as
 # `gaudi-cluster reap` would), so the master need not reach the node for it.
 STOP_MARGIN_S = 2.0
@@ -365,10 +364,8 @@ class Relay:
         deadline = time.monotonic() + timeout_s
         while not self.done.is_set() and time.monotonic() < deadline:
             with self.lock:
-                idle = not self.links and not self.joining and (self.reap_by is None or self.reaped)
-            if idle:
-                self.done.set()
-                return
+                if not self.links and not self.joining and (self.reap_by is None or self.reaped):
+                    break
             time.sleep(IDLE_POLL_S)
         self.done.set()
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from types import MappingProxyType
 from typing import Any
 
@@ -40,12 +40,7 @@ class NodeRelaySpec:
     heartbeat_timeout_s: float
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "job_id": self.job_id,
-            "job_root": self.job_root,
-            "control": self.control,
-            "heartbeat_timeout_s": self.heartbeat_timeout_s,
-        }
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: object) -> NodeRelaySpec:
