@@ -438,6 +438,43 @@ def test_a_node_process_runs_the_relay_itself_and_its_agents_join_it(cluster):
     assert not (job_dir / jobdir.RELAY_SOCKET).exists()
 
 
+def test_a_node_whose_ranks_all_failed_before_the_stop_is_reported_clean(cluster):
+    """The CI case of stop 50: the master's own node process ran the relay, its rank failed on its
+    own (a peer died) and the relay ended before the master's stop. It says the node is clean, so the
+    master does not reach that node to reap it."""
+    server, agent, job_dir = cluster
+    hosted = relay_host.host(JOB, job_dir.parent, f"127.0.0.1:{server.port}", 30.0, 10.0)
+    assert hosted is not None
+    agents = [agent(rank, "exit 3") for rank in range(2)]
+    kinds = sorted(e.kind.value for e in take(server, 4))
+    assert kinds == sorted([EventKind.HELLO.value] * 2 + [EventKind.EXIT.value] * 2)
+    assert [process.wait(timeout=10) for process in agents] == [3, 3]
+    hosted.end()
+    server.stop_all(0.0)
+    began = time.monotonic()
+    assert server.reaped_by_relays(5.0) == {NODE}
+    assert time.monotonic() - began < 1.0  # nothing left to wait for
+
+
+def test_a_relay_that_ends_with_a_pid_file_left_leaves_its_node_to_the_master(cluster):
+    """An agent killed leaves its pid file (its rank may live on): the relay that ends without a stop
+    does not call that node clean."""
+    server, agent, job_dir = cluster
+    agents = [agent(rank, "sleep 60") for rank in range(2)]
+    assert len(take(server, 2)) == 2
+    relay = relay_process(job_dir)
+    assert relay is not None
+    orphans = [wait_for_rank(job_dir, rank) for rank in range(2)]
+    for process in agents:
+        process.send_signal(signal.SIGKILL)
+    assert [e.kind for e in take(server, 2)] == [EventKind.LOST] * 2
+    relay.wait(timeout=10)  # it lingers, then ends: no agent is left
+    server.stop_all(0.0)
+    assert server.reaped_by_relays(2.0) == frozenset()
+    for orphan in orphans:
+        os.killpg(orphan, signal.SIGKILL)
+
+
 def test_a_node_process_relay_the_master_refuses_leaves_the_reason_in_its_log(cluster, tmp_path):
     """The master does not admit the node: the relay's reason goes to the relay's log, as a relay
     process's does, and the lock is let go (an agent would start a relay and meet the same refusal)."""

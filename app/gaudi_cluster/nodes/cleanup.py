@@ -38,7 +38,7 @@ def remove_private_files(survey: NodeSurvey, job_root: str, unstaged: Set[str] =
 class Cleanup:
     """How an attempt that stopped was cleaned up, node by node (names as the report shows nodes)."""
 
-    by_relay: tuple[str, ...] = ()  # the node's relay reaped it after the stop
+    by_relay: tuple[str, ...] = ()  # the node's relay reaped it after the stop (or left it clean)
     by_master: tuple[str, ...] = ()  # the master ran `reap` there (over ssh or srun)
     skipped: tuple[str, ...] = ()  # lost (dead or cut off): its own agents end their ranks
 

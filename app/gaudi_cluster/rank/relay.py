@@ -217,6 +217,19 @@ class Relay:
             self.send_master(messages.Reaped(len(killed)))
         self.done.set()
 
+    def _say_left_clean(self) -> None:
+        """Ending on its own, before any stop (every agent exited: a rank that failed first, a node
+        process that waited for its agents): where no pid file but the relay's is left, the node
+        needs no reap either, so the master is told as after a reap. An agent killed leaves its
+        file (its rank may live on): that node is left to the master's reap."""
+        assert self.master is not None
+        with self.lock:
+            if self.reaped or self.links or self.joining or self.master.closed:
+                return
+        if any(path.name != PID_NAME for path in self.job_dir.glob("*.pid")):
+            return
+        self.send_master(messages.Reaped(0))
+
     # --- the agents' side -----------------------------------------------------------------------
 
     def all_links(self) -> list[_Link]:
@@ -355,6 +368,7 @@ class Relay:
                 with contextlib.suppress(OSError):
                     (self.job_dir / PID_NAME).unlink()
             if self.master is not None:
+                self._say_left_clean()
                 self.master.close()
 
     def end_once_idle(self, timeout_s: float) -> None:

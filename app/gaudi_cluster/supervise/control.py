@@ -125,7 +125,8 @@ class ControlServer(SelectorServer):
         self._sessions: set[_Agent] = set()  # every seated connection (a rank's or a relay's)
         self._relays: dict[str, _Agent] = {}  # node -> its relay's connection
         # After the stop: the relays told and not yet heard from (nor gone), and the nodes each relay
-        # reaped; the loop's thread writes them, reaped_by_relays waits on them.
+        # reaped (or left clean before the stop); the loop's thread writes them, reaped_by_relays
+        # waits on them.
         self._reap_told = threading.Event()
         self._reap_pending: set[str] = set()
         self._reaped: set[str] = set()
@@ -283,6 +284,8 @@ class ControlServer(SelectorServer):
             self._end_handshake(conn)
             conn.session, conn.node = seat.session, seat.node
             self._relays[seat.node] = conn
+            with self._reap_news:  # a relay started after one that left the node clean: not clean now
+                self._reaped.discard(seat.node)
             self._sessions.add(conn)
             return
         agent = AgentState(
@@ -396,7 +399,7 @@ class ControlServer(SelectorServer):
 
     def _reap_heard(self, node: str, reaped: bool = False) -> None:
         with self._reap_news:
-            if reaped and node in self._reap_pending:
+            if reaped:  # after the stop, or before it: a relay that ended with its node clean
                 self._reaped.add(node)
             self._reap_pending.discard(node)
             self._reap_news.notify_all()

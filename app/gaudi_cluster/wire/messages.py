@@ -335,7 +335,9 @@ class Unstage:
 class Reaped:
     """The relay's last word after a stop: its node's agents have left (or were killed at the stop's
     deadline), whatever their pid files still named is killed (`killed`: how many pids), and the
-    private file is gone. The master reaches the node for clean-up only without this word."""
+    private file is gone. A relay that ends before any stop says it too (`killed` 0) where its
+    agents all exited and left no pid file. The master reaches the node for clean-up only without
+    this word."""
 
     killed: int = 0
     TYPE: ClassVar[MessageType] = MessageType.REAPED
