@@ -51,6 +51,17 @@ def test_the_plan_is_one_fanout_with_a_spec_per_node():
     ]  # fmt: skip
 
 
+def test_inside_slurm_the_launcher_is_the_srun_step_itself():
+    """No fan-out interpreter under Slurm: the master starts the step, each task takes its entry."""
+    srun = ("/usr/bin/srun", "--overlap", "--jobid=42")
+    plan = plan_for("direct", inputs(srun=srun))
+    assert plan.argv == (*srun, PY, "-u", "-m", "gaudi_cluster.launch.node", "--from-launch")
+    launch = FanoutSpec.from_json(plan.stdin)
+    assert launch.srun == srun
+    assert [node.spec.hand_over for node in launch.nodes] == [False, False]  # each task lives with its ranks
+    assert all(node.spec.relay is not None for node in launch.nodes)
+
+
 def test_the_wire_format_keeps_its_fields_and_gains_a_schema():
     """What crosses to the fanout and the nodes, as JSON: the fields and their meaning of before."""
     launch = json.loads(plan_for("direct", inputs()).stdin)

@@ -3,11 +3,10 @@
 It reads the launch (JSON) from stdin: for each node, whether it is this machine (then the node
 process starts here, with no ssh at all) or another (then over ssh, riding the connection the
 survey opened), and the node's spec, written to that process's stdin. Inside a Slurm allocation
-(the launch names an srun step, nodes/srun) it instead runs that one step, every node included,
-with the whole launch on the step's stdin: each node's task takes its own entry. The agents'
+it is not used: the master starts the launch's srun step itself (nodes/srun), every node included,
+with the whole launch on the step's stdin, and each node's task takes its own entry. The agents'
 prefixed lines pass straight through. It exits once every node process has, with the first failing
-one's code; the supervisor stops it, and with it the whole process group, on teardown (srun passes
-the SIGTERM on to every task of its step).
+one's code; the supervisor stops it, and with it the whole process group, on teardown.
 
 A node that hands over (its session ends once its ranks are seated) is launched in waves of at most
 LAUNCH_WAVE sessions: each `ssh -T` client costs the master about 7.6 MB of RSS
@@ -82,16 +81,9 @@ def main() -> int:
     except NodeSpecError as error:
         print(f"gaudi-cluster[fanout]: error: bad launch on stdin ({error}); fix: let the master start it")
         return 2
-    if launch.srun:
-        step = subprocess.Popen(
-            [*launch.srun, launch.python, "-u", "-m", NODE_MODULE, "--from-launch"],
-            stdin=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        assert step.stdin is not None
-        step.stdin.write(launch.to_json().encode())
-        step.stdin.close()
-        return step.wait()
+    if launch.srun:  # the master starts an srun launch as the step itself (launch/launchers)
+        print("gaudi-cluster[fanout]: error: an srun launch is its own step; fix: let the master start it")
+        return 2
     return launch_all(launch)
 
 

@@ -33,6 +33,7 @@ from gaudi_cluster.wire.kinds import LauncherName
 from gaudi_cluster.wire.node_spec import (
     AGENT_MODULE,
     FANOUT_MODULE,
+    NODE_MODULE,
     FanoutSpec,
     NodeEntry,
     NodeRelaySpec,
@@ -304,10 +305,11 @@ def node_relay(agent: AgentSettings) -> NodeRelaySpec | None:
 
 
 class DirectLauncher:
-    """Our own launch: one `gaudi_cluster.launch.fanout` here, starting `gaudi_cluster.launch.node` on
-    every node (this one without ssh, the others over the survey's ssh connections, or all in one srun
-    step inside Slurm), each starting its rank agents with the environment DeepSpeed's launch.py would
-    give them. Nothing on the way imports torch, as DeepSpeed's runner and launch.py each do."""
+    """Our own launch: `gaudi_cluster.launch.node` on every node, each starting its rank agents with
+    the environment DeepSpeed's launch.py would give them; started by one `gaudi_cluster.launch.fanout`
+    here (this node without ssh, the others over the survey's ssh connections), or inside Slurm by one
+    srun step on every node. Nothing on the way imports torch, as DeepSpeed's runner and launch.py
+    each do."""
 
     name = LauncherName.DIRECT
 
@@ -356,7 +358,13 @@ class DirectLauncher:
         ssh_config = inputs.ssh_config_path or "(the job's ssh config)"
         nodes = self.nodes(inputs)
         launch = FanoutSpec(inputs.python, ssh_config, nodes, srun=inputs.srun)
-        argv = (inputs.python, "-u", "-m", FANOUT_MODULE)
+        # Inside Slurm the launcher is the srun step itself, every node a task taking its own entry
+        # of the launch from the step's stdin: no fan-out interpreter on the master's critical path.
+        argv = (
+            (*inputs.srun, inputs.python, "-u", "-m", NODE_MODULE, "--from-launch")
+            if inputs.srun
+            else (inputs.python, "-u", "-m", FANOUT_MODULE)
+        )
         hands_over = any(node.spec.hand_over for node in nodes)
         return LaunchPlan(argv, {}, self.name, stdin=launch.to_json(), hands_over=hands_over)
 

@@ -1,7 +1,7 @@
 """Node: the direct launcher's per-node process; starts this node's rank agents, waits for them.
 
 `python -m gaudi_cluster.launch.node` reads its node spec (JSON) from stdin, never from its command
-line; with --from-launch (a task of the master's srun step, launch/fanout) stdin is the whole launch
+line; with --from-launch (a task of the master's srun launch step, launch/launchers) stdin is the whole launch
 and it takes this node's entry (SLURMD_NODENAME, nodes/srun.pick_own). It gives each rank the
 torch.distributed environment DeepSpeed's launch.py would: RANK,
 LOCAL_RANK, WORLD_SIZE, LOCAL_SIZE, CROSS_RANK, CROSS_SIZE, MASTER_ADDR, MASTER_PORT and
