@@ -191,7 +191,8 @@ class ControlServer(SelectorServer):
 
         def send() -> None:
             try:
-                for conn in self._relays.values():
+                # A copy: a relay whose write fails is forgotten (taken out of _relays) as it is sent to.
+                for conn in list(self._relays.values()):
                     self._send(conn, messages.Unstage())
             finally:  # a relay whose write failed is closed by now: not told
                 told.set_result(frozenset(node for node, conn in self._relays.items() if not conn.closed))
