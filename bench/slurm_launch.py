@@ -35,6 +35,13 @@ def _last_start(output: str, ranks: int) -> float | None:
     return max(starts) if len(starts) >= ranks else None
 
 
+def _masters_lines(output: str, chars: int = 1500) -> str:
+    """What the master said (a failed run's reason), not the workers' many lines of their end."""
+    noise = ("gaudi-cluster[worker]", "gaudi-cluster[entrypoint]")
+    said = [line for line in output.splitlines() if not line.startswith(noise) and "stub-up" not in line]
+    return " | ".join(said)[-chars:]
+
+
 def _ours(cluster, ranks: int) -> float:
     began = time.time()
     job = cluster.submit("python3", "-u", "-c", STUB)
@@ -42,7 +49,7 @@ def _ours(cluster, ranks: int) -> float:
     output = cluster.output(job)
     last = _last_start(output, ranks)
     if state != "COMPLETED" or last is None:
-        raise RuntimeError(f"ours: job {job} {state or 'timed out'}: {output[-1500:]}")
+        raise RuntimeError(f"ours: job {job} {state or 'timed out'}: {_masters_lines(output)}")
     if "started by srun" not in output:
         raise RuntimeError(f"ours: job {job} was not started by srun: {output[-1500:]}")
     return last - began
