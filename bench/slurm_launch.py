@@ -35,10 +35,11 @@ def _last_start(output: str, ranks: int) -> float | None:
     return max(starts) if len(starts) >= ranks else None
 
 
-def _masters_lines(output: str, chars: int = 1500) -> str:
-    """What the master said (a failed run's reason), not the workers' many lines of their end."""
+def _masters_lines(output: str, chars: int = 520) -> str:
+    """The end of what the master said (a failed run's reason), each line cut to 160 characters (the
+    launch line names every node), not the workers' many lines of their end nor the stubs'."""
     noise = ("gaudi-cluster[worker]", "gaudi-cluster[entrypoint]")
-    said = [line for line in output.splitlines() if not line.startswith(noise) and "stub-up" not in line]
+    said = [line[:160] for line in output.splitlines() if not (line.startswith(noise) or "stub-up" in line)]
     return " | ".join(said)[-chars:]
 
 
