@@ -1,23 +1,22 @@
 """Node: the direct launcher's per-node process; starts this node's rank agents, waits for them.
 
 `python -m gaudi_cluster.launch.node` reads its node spec (JSON) from stdin, never from its command
-line; with --from-launch (a task of the master's srun launch step, launch/launchers) stdin is the whole launch
-and it takes this node's entry (SLURMD_NODENAME, nodes/srun.pick_own). It gives each rank the
-torch.distributed environment DeepSpeed's launch.py would: RANK,
-LOCAL_RANK, WORLD_SIZE, LOCAL_SIZE, CROSS_RANK, CROSS_SIZE, MASTER_ADDR, MASTER_PORT and
-CUDA_VISIBLE_DEVICES (every DeepSpeed accelerator sets that one to the node's slot ids), plus the
-job's variables, in the master's working directory with it first on PYTHONPATH (as DeepSpeed's
-runner does). It imports no torch itself; unless the spec says `preimport: false` (--no-preimport) its
-agents connect to the node's zygote for the ranks' import-time settings (rank/zygote): the warm one a
-previous attempt or job left, else a new one that imports the heavy libraries once while the agents
-join (and retires the node's zygote of other settings); it forks the ranks. It
-exits when every agent has, with the first failing agent's code; SIGTERM/SIGINT/SIGHUP reach every
-agent. Where the spec gives it the node's `relay` (this process lives as long as its ranks: an srun
-task, the master's own node) it runs the node relay in a thread before the agents start, so the node
-starts no relay process, and ends it once its agents have exited. With `hand_over` (a node the
-master reached over ssh) it exits 0 as soon as every agent is seated: the ranks' output and exits
-then travel only over the node relay, so the ssh session that started this process, and the
-master's ssh client with it, can end while the job runs.
+line; with --from-launch (a task of the srun step the master starts as its launcher, launch/launchers)
+stdin is the whole launch and it takes this node's entry (SLURMD_NODENAME, nodes/srun.pick_own). It
+gives each rank the torch.distributed environment DeepSpeed's launch.py would: RANK, LOCAL_RANK,
+WORLD_SIZE, LOCAL_SIZE, CROSS_RANK, CROSS_SIZE, MASTER_ADDR, MASTER_PORT and CUDA_VISIBLE_DEVICES
+(every DeepSpeed accelerator sets that one to the node's slot ids), plus the job's variables, in the
+master's working directory with it first on PYTHONPATH (as DeepSpeed's runner does). It imports no
+torch itself; unless the spec says `preimport: false` (--no-preimport) its agents connect to the
+node's zygote for the ranks' import-time settings (rank/zygote): the warm one a previous attempt or
+job left, else a new one that imports the heavy libraries once while the agents join (and retires the
+node's zygote of other settings); it forks the ranks. It exits when every agent has, with the first
+failing agent's code; SIGTERM/SIGINT/SIGHUP reach every agent. Where the spec gives it the node's
+`relay` (this process lives as long as its ranks: an srun task, the master's own node) it runs the
+node relay in a thread before the agents start, so the node starts no relay process, and ends it once
+its agents have exited. With `hand_over` (a node the master reached over ssh) it exits 0 as soon as
+every agent is seated: the ranks' output and exits then travel only over the node relay, so the ssh
+session that started this process, and the master's ssh client with it, can end while the job runs.
 """
 
 from __future__ import annotations

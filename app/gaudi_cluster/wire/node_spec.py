@@ -1,8 +1,9 @@
 """What the direct launcher hands its processes: the fanout's launch and each node's spec, typed.
 
 The master writes a `FanoutSpec` to the stdin of `python -m gaudi_cluster.launch.fanout`, which
-writes each node's `NodeSpec` to the stdin of `python -m gaudi_cluster.launch.node` there (inside
-Slurm, to the stdin of its srun step, whose task on each node takes its own entry). Both ends
+writes each node's `NodeSpec` to the stdin of `python -m gaudi_cluster.launch.node` there; inside
+Slurm the master writes the `FanoutSpec` to its srun launch step instead, whose task on each node
+takes its own entry. Both ends
 parse with `from_json`, which checks every field, so a bad spec fails in one line naming the field
 rather than as a KeyError deep in the node process. Also the entry modules' names, written once:
 the launchers start them, and a worker scans /proc for the agent's. Pure: imports nothing of ours.
