@@ -49,6 +49,8 @@ IDLE_POLL_S = 0.02
 # `gaudi-cluster reap` would), so the master need not reach the node for it.
 STOP_MARGIN_S = 2.0
 STARTER_POLL_S = 0.2
+# At the end: how long the master may take to close its side after ours (a busy master reads late).
+CLOSE_WAIT_S = 5.0
 SAID = 3  # lines said of one kind of trouble from one peer: a stream of them is not a stream of logs
 
 
@@ -83,6 +85,7 @@ class Relay:
         self.dropped = 0  # the agents' lines dropped (each agent's first SAID said)
         self.unsent = 0  # messages no line to the master could carry (the first SAID said)
         self.done = threading.Event()
+        self.ending = ""  # why the relay ends: the first reason given to end()
         self.listening = threading.Event()
         self.reap_by: float | None = None  # once the master said stop: when the relay reaps the rest
         self.reaped = False
@@ -143,6 +146,12 @@ class Relay:
             self.say(f"the master's link ended ({why}): cutting off this node's {len(links)} agents")
         for link in links:
             link.channel.close()
+        self.end(f"the master's link ended ({why})")
+
+    def end(self, why: str) -> None:
+        """Let the relay end (its tick loop returns); its last line gives the first reason."""
+        if not self.done.is_set():
+            self.ending = why
         self.done.set()
 
     def _ignore(self, why: str) -> None:
@@ -196,7 +205,7 @@ class Relay:
             self.send_master(replace(beats, steady=(), work=()))
         self.reap_if_stopped()
         if idle and self.joined_any and time.monotonic() - self.last_leave > LINGER_S:
-            self.done.set()
+            self.end("its last agent left")
 
     def reap_if_stopped(self) -> None:
         """After the master's stop, once every agent has left (or at the stop's deadline): kill what
@@ -215,7 +224,7 @@ class Relay:
                 killed.append(pid)
         if self.master is not None and not self.master.closed:
             self.send_master(messages.Reaped(len(killed)))
-        self.done.set()
+        self.end(f"the node reaped after the master's stop ({len(killed)} killed)")
 
     def _say_left_clean(self) -> None:
         """Ending on its own, before any stop (every agent exited: a rank that failed first, a node
@@ -356,8 +365,9 @@ class Relay:
             (self.job_dir / PID_NAME).write_text(f"{os.getpgrp()} {os.getpid()}\n")
         if listening is not None:
             listening()
-        for work, args in ((self.from_master, ()), (self.accept, (listener,))):
-            threading.Thread(target=work, args=args, daemon=True).start()
+        reader = threading.Thread(target=self.from_master, daemon=True)
+        reader.start()
+        threading.Thread(target=self.accept, args=(listener,), daemon=True).start()
         try:
             self.tick()
         finally:
@@ -369,7 +379,24 @@ class Relay:
                     (self.job_dir / PID_NAME).unlink()
             if self.master is not None:
                 self._say_left_clean()
-                self.master.close()
+                self._close_master(reader)
+            self._say_end()
+
+    def _close_master(self, reader: threading.Thread) -> None:
+        """Close the master's link once the master has read it all. Closing a TCP socket with bytes
+        unread (a beat or an unstage the master just sent) resets the connection, and a reset throws
+        away what this side had not yet delivered: the last ranks' exits. So the relay's FIN goes
+        after its last lines, the master closes on reading it, and that ends the relay's reader."""
+        assert self.master is not None
+        self.master.shut_sending()
+        reader.join(CLOSE_WAIT_S)
+        self.master.close()
+
+    def _say_end(self) -> None:
+        """Its last line: why it ended, and anything a rank's exit may have missed on the way."""
+        link = (self.master.close_reason or "closed here") if self.master is not None else "never made"
+        unsent = f", {self.unsent} messages no line carried" if self.unsent else ""
+        self.say(f"ended: {self.ending or 'no reason given'} (the master's link: {link}{unsent})")
 
     def end_once_idle(self, timeout_s: float) -> None:
         """Every agent of the node has exited (the node process running the relay waited for them):
@@ -381,7 +408,11 @@ class Relay:
                 if not self.links and not self.joining and (self.reap_by is None or self.reaped):
                     break
             time.sleep(IDLE_POLL_S)
-        self.done.set()
+        else:
+            if not self.done.is_set():
+                self.end(f"its node process ended it with {len(self.all_links())} agents still linked")
+            return
+        self.end("its node process's agents have all exited")
 
     def _follow_starter(self, starter: int) -> None:
         while not self.listening.wait(STARTER_POLL_S):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gaudi_cluster.rank import jobdir, relay_join
-from gaudi_cluster.rank.relay import Relay
+from gaudi_cluster.rank.relay import CLOSE_WAIT_S, Relay
 
 # How long its end may take once its agents have exited (their links closing; after a stop the reap).
 END_S = 5.0
@@ -32,7 +32,7 @@ class HostedRelay:
     def end(self, timeout_s: float = END_S) -> None:
         """Its agents have all exited: let it end (its last messages sent) and wait for it."""
         self.relay.end_once_idle(timeout_s)
-        self.thread.join(timeout_s)
+        self.thread.join(timeout_s + CLOSE_WAIT_S)  # its link's close waits for the master's
 
 
 def host(
@@ -57,7 +57,7 @@ def host(
         except ConnectionError as error:
             relay.say(f"error: {error}")
             lock.close()
-            relay.done.set()
+            relay.end(f"the master did not admit the node ({error})")
             return
         relay.serve(pid_file=False, listening=lock.close)
 

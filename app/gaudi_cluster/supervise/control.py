@@ -317,20 +317,21 @@ class ControlServer(SelectorServer):
         if why not in ("closed by the peer", "broken"):  # the peer's doing, not an agent's end
             self.gate.refuse(conn.who(), f"closed: {why}")
         self._close(conn)
-        self._forget(conn)
+        self._forget(conn, why)
 
     def _close(self, conn: Connection) -> None:
         if isinstance(conn, _Agent):
             self._end_handshake(conn)
         super()._close(conn)
 
-    def _forget(self, conn: _Agent) -> None:
+    def _forget(self, conn: _Agent, why: str) -> None:
         self._sessions.discard(conn)
         if conn.node is not None and self._relays.get(conn.node) is conn:
             del self._relays[conn.node]
             self._reap_heard(conn.node)
-        for agent in conn.states():
-            self._unseat(conn, agent, "connection closed")
+        closed = f"connection {why}" if why == "closed by the peer" else f"connection closed ({why})"
+        for agent in conn.states():  # a relay's: its ranks that had not exited yet
+            self._unseat(conn, agent, closed)
         conn.ranks.clear()
 
     def _unseat(self, conn: _Agent, agent: AgentState, reason: str) -> None:

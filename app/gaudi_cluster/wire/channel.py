@@ -70,8 +70,9 @@ class Channel:
             try:
                 self._sock.sendall(line)
                 return True
-            except OSError:
+            except OSError as error:  # said by the caller that reads close_reason
                 self.closed = True
+                self.close_reason = self.close_reason or f"a send failed ({error.strerror or error})"
                 return False
 
     def receive(
@@ -104,6 +105,11 @@ class Channel:
             return messages.Dropped(str(error))
         except Exception as error:  # a check's own slip costs the line, never the reader or its link
             return messages.Dropped(f"unreadable: {type(error).__name__}")
+
+    def shut_sending(self) -> None:
+        """Send no more: the peer reads everything sent, then the end (a FIN after the last line)."""
+        with self._send_lock, contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_WR)
 
     def close(self) -> None:
         self.closed = True
