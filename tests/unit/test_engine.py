@@ -132,6 +132,10 @@ def test_agents_running_reads_proc(tmp_path):
     assert nodewatch.agents_running(tmp_path)
     (tmp_path / "12" / "cmdline").unlink()
     assert not nodewatch.agents_running(tmp_path)
+    # A node process that hosts its node's agents as threads (under srun, on the master's node).
+    node = b"/usr/bin/python\0-m\0gaudi_cluster.launch.node\0--from-launch\0"
+    (tmp_path / "12" / "cmdline").write_bytes(node)
+    assert nodewatch.agents_running(tmp_path)
 
 
 @pytest.mark.parametrize(

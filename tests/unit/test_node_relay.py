@@ -28,6 +28,7 @@ from gaudi_cluster.supervise import admission
 from gaudi_cluster.supervise.control import ControlServer, EventKind
 from gaudi_cluster.wire import messages, protocol
 from gaudi_cluster.wire.channel import Channel
+from gaudi_cluster.wire.node_spec import NodeRelaySpec, NodeSpec
 from gaudi_cluster.wire.private_payload import PrivatePayload
 
 JOB = "20261202-000000-relay0"
@@ -489,3 +490,52 @@ def test_a_node_process_relay_the_master_refuses_leaves_the_reason_in_its_log(cl
     assert (
         relay_host.host("other-job", tmp_path, f"127.0.0.1:{server.port}", 30.0, 0.1) is not None
     )  # lock free
+
+
+def test_a_node_process_that_runs_the_relay_runs_its_agents_too(cluster):
+    """Under srun and on the master's node, the node process (launch/node) holds the node's relay and
+    its ranks' agents as threads: one interpreter for the node besides the ranks, each rank still
+    seated, its output and exit code carried, its pid file naming the node process as its agent."""
+    server, _agent, job_dir = cluster
+    agent_args = ["--job-id", JOB, "--job-root", str(job_dir.parent), "--heartbeat-timeout", "30",
+                  "--control", f"127.0.0.1:{server.port}", "--output-relay",
+                  "--", "sh", "-c", 'echo "up $RANK in $PWD"; sleep 2; exit $RANK']  # fmt: skip
+    spec = NodeSpec(
+        node_rank=0, nnodes=2, first_rank=0, slots=(0, 1, 2), world_size=5, master_addr="127.0.0.1",
+        master_port=29500, cwd=str(job_dir.parent), env={}, python=sys.executable,
+        agent_args=tuple(agent_args), preimport=False,
+        relay=NodeRelaySpec(JOB, str(job_dir.parent), f"127.0.0.1:{server.port}", 30.0),
+    )  # fmt: skip
+    node = subprocess.Popen(
+        [sys.executable, "-m", "gaudi_cluster.launch.node"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={"PYTHONPATH": str(APP), "PATH": os.environ["PATH"]},
+    )  # fmt: skip
+    assert node.stdin is not None
+    node.stdin.write(spec.to_json())
+    node.stdin.close()
+    hellos = take(server, 3)
+    assert sorted(e.rank for e in hellos) == [0, 1, 2] and seated_connections(server) == 1
+    assert {e.pid for e in hellos} == {node.pid}  # every rank's agent is the node process
+    python_pids = {
+        p.pid for p in psutil.Process(node.pid).children(recursive=True) if "python" in p.name().lower()
+    }
+    assert python_pids == set(), "no agent or relay process beside the node process"
+    assert relay_process(job_dir) is None
+    pid_files = {int(path.read_text().split()[1]) for path in job_dir.glob("rank*.pid")}
+    assert pid_files == {node.pid}
+    exits = take(server, 3)
+    assert {e.rank: e.code for e in exits} == {0: 0, 1: 1, 2: 2}
+    assert node.wait(timeout=20) == 1  # the first failing agent's code
+    lines = [line for item in drain(server.output) for line in item.lines]
+    ups = {line for line in lines if "up " in line}
+    assert ups == {f"up {rank} in {job_dir.parent}" for rank in range(3)}  # in the spec's directory
+    assert "rank agent" not in (node.stdout.read() if node.stdout else "")  # no agent slipped
+
+
+def drain(source: queue.Queue) -> list:
+    found = []
+    with contextlib.suppress(queue.Empty):
+        while True:
+            found.append(source.get_nowait())
+    return found

@@ -69,15 +69,17 @@ def state_dir(config: ClusterConfig) -> Path:
 
 
 def agents_running(proc: Path = Path("/proc")) -> bool:
-    """Whether a rank agent of any job runs on this node (it watches the master's heartbeat)."""
-    from gaudi_cluster.wire.node_spec import AGENT_MODULE
+    """Whether a rank agent of any job runs on this node (it watches the master's heartbeat): a
+    process of its own, or a thread of the node process that hosts the node's agents (launch/node)."""
+    from gaudi_cluster.wire.node_spec import AGENT_MODULE, NODE_MODULE
 
-    agent_module = AGENT_MODULE.encode()  # /proc/PID/cmdline is bytes
+    hosts = (AGENT_MODULE.encode(), NODE_MODULE.encode())  # /proc/PID/cmdline is bytes
     for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue
         with contextlib.suppress(OSError):
-            if agent_module in (entry / "cmdline").read_bytes():
+            cmdline = (entry / "cmdline").read_bytes()
+            if any(module in cmdline for module in hosts):
                 return True
     return False
 

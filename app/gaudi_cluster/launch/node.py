@@ -13,8 +13,9 @@ job left, else a new one that imports the heavy libraries once while the agents 
 node's zygote of other settings); it forks the ranks. It exits when every agent has, with the first
 failing agent's code; SIGTERM/SIGINT/SIGHUP reach every agent. Where the spec gives it the node's
 `relay` (this process lives as long as its ranks: an srun task, the master's own node) it runs the
-node relay in a thread before the agents start, so the node starts no relay process, and ends it once
-its agents have exited. With `hand_over` (a node the master reached over ssh) it exits 0 as soon as
+node relay in a thread before the agents start, and the agents as threads too, so the node starts one
+interpreter besides its ranks instead of one a rank and a relay; it ends the relay once its agents
+have exited. With `hand_over` (a node the master reached over ssh) it exits 0 as soon as
 every agent is seated: the ranks' output and exits then travel only over the node relay, so the ssh
 session that started this process, and the master's ssh client with it, can end while the job runs.
 """
@@ -245,6 +246,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     relay = start_relay(spec)  # first: the master admits the node while the zygote and agents start
     zygote = start_zygote(spec, zygote_environment(envs[0]), len(envs)) if wants_zygote(spec) else None
     ends: list[socket.socket | None] = list(zygote.conns) if zygote else [None] * len(envs)
+    if relay is not None:  # this process lives as long as its ranks: their agents run in it too
+        return run_agents_here(spec, envs, ends, relay, zygote)
     ready: list[int] = []  # our ends of the agents' ready pipes (spec.hand_over)
     try:
         agents = []
@@ -289,6 +292,51 @@ def main(argv: Sequence[str] | None = None) -> int:
     codes = [agent.wait() for agent in agents]
     if relay is not None:
         relay.end()  # its agents' exits (and after a stop the node's reap) reach the master first
+    if zygote and zygote.leaves_with_us:
+        zygote.leaves_with_us.wait()  # not warm (Slurm): nothing of the job outlives this process
+    return next((code for code in codes if code), 0)
+
+
+def run_agents_here(
+    spec: NodeSpec,
+    envs: Sequence[dict[str, str]],
+    ends: Sequence[socket.socket | None],
+    relay: HostedRelay,
+    zygote: Zygote | None,
+) -> int:
+    """The node's rank agents as threads of this process (one interpreter for the node's relay and
+    all its agents, not one per rank); the first failing agent's code once all have ended."""
+    import threading
+
+    from gaudi_cluster.rank import agent as rank_agent  # here: a node that hands its ranks over runs none
+
+    try:
+        agents = [
+            rank_agent.build(spec.agent_args, end, env=env, cwd=spec.cwd, in_node=True)
+            for env, end in zip(envs, ends, strict=True)
+        ]
+    except SystemExit:  # the spec's agent arguments are the master's: a usage line said what is wrong
+        return 2
+    codes: list[int] = [1] * len(agents)
+
+    def run(index: int) -> None:
+        try:
+            codes[index] = agents[index].run()
+        except Exception as error:  # one agent's slip ends its rank's report, never its node's others
+            print(f"gaudi-cluster[node]: error: rank agent {index} failed: {type(error).__name__}: {error}")
+
+    def forward(signum: int, _frame: object) -> None:
+        for agent in agents:
+            agent.on_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, forward)
+    threads = [threading.Thread(target=run, args=(i,), name=f"agent-{i}") for i in range(len(agents))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    relay.end()  # its agents' exits (and after a stop the node's reap) reach the master first
     if zygote and zygote.leaves_with_us:
         zygote.leaves_with_us.wait()  # not warm (Slurm): nothing of the job outlives this process
     return next((code for code in codes if code), 0)

@@ -38,6 +38,8 @@ def reap_dir(job_dir: Path, keep: Collection[str] = ()) -> list[int]:
             procgroup.terminate(group, grace_s=0)
             killed.append(group)
         for pid in agents:
+            if pid == os.getpid():  # agents in the node process that reaps (launch/node): it ends by itself
+                continue
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)

@@ -218,7 +218,8 @@ class Relay:
                 return
             self.reaped = True
         killed = reap.reap_dir(self.job_dir, keep={PID_NAME})
-        for pid in (link.pid for link in links if link.pid):  # an agent that did not end (no pid file yet)
+        agents = {link.pid for link in links if link.pid and link.pid != os.getpid()}  # none in this process
+        for pid in agents:  # an agent that did not end (no pid file yet)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)

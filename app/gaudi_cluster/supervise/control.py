@@ -329,9 +329,8 @@ class ControlServer(SelectorServer):
         if conn.node is not None and self._relays.get(conn.node) is conn:
             del self._relays[conn.node]
             self._reap_heard(conn.node)
-        closed = f"connection {why}" if why == "closed by the peer" else f"connection closed ({why})"
         for agent in conn.states():  # a relay's: its ranks that had not exited yet
-            self._unseat(conn, agent, closed)
+            self._unseat(conn, agent, f"connection closed ({why})")
         conn.ranks.clear()
 
     def _unseat(self, conn: _Agent, agent: AgentState, reason: str) -> None:
