@@ -146,8 +146,9 @@ def test_sbatch_trains_the_default_job_on_three_nodes(slurm):
     # second one started to follow); the master's node ran none once its role was known.
     assert {node: watch.nodewatch.get(node) for node in NODES[1:]} == {"node2": {"auto"}, "node3": {"auto"}}
     assert watch.nodewatch.get("node1", {"auto"}) == {"auto"}, watch.nodewatch
-    # Each node's launch task (launch.node, alive as long as its ranks) runs the node's relay itself.
-    assert watch.relay_processes == set()
+    # Each node's launch task (launch.node, alive as long as its ranks) runs the node's relay and its
+    # rank agents itself: besides the node's task, one interpreter a node beside its ranks.
+    assert watch.relay_processes == set() and watch.agent_processes == set()
     assert rank_hosts(log) == {0: {"node1"}, 1: {"node2"}, 2: {"node3"}}
     assert re.search(r"job \S+ succeeded: 3 ranks on 3 nodes", log), log[-3000:]
     # The rendezvous port comes from the job id (enroot's rule), not the fixed default.

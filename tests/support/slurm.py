@@ -207,20 +207,22 @@ SSH_COMMANDS = ("ssh", "sshd", "sshd-session")
 NODEWATCH_MODULE = "gaudi_cluster.engines.nodewatch"
 NODE_TASK_COMMANDS = ("auto", "role", "follow")
 RELAY_MODULE = "gaudi_cluster.rank.relay"
+AGENT_MODULE = "gaudi_cluster.rank.agent"
 
 
 @dataclass
 class SshWatch:
     """Samples `ps` in every node container, one node after another, until stopped: every ssh or
     sshd process seen, the `nodewatch` commands each node's task under the main step ran, the nodes
-    where a node relay ran as a process of its own, and how many samples each node answered (a watch
-    that saw nothing proves nothing)."""
+    where a node relay or a rank agent ran as a process of its own, and how many samples each node
+    answered (a watch that saw nothing proves nothing)."""
 
     cluster: SlurmCluster
     interval_s: float = 0.5
     seen: list[str] = field(default_factory=list)
     nodewatch: dict[str, set[str]] = field(default_factory=dict)
     relay_processes: set[str] = field(default_factory=set)  # nodes where a relay ran as a process
+    agent_processes: set[str] = field(default_factory=set)  # nodes where a rank agent ran as one
     samples: dict[str, int] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -252,6 +254,8 @@ class SshWatch:
                     words = parts[2].split() if len(parts) == 3 else []
                     if RELAY_MODULE in words:
                         self.relay_processes.add(node)
+                    if AGENT_MODULE in words:
+                        self.agent_processes.add(node)
                     if NODEWATCH_MODULE in words and words.index(NODEWATCH_MODULE) + 1 < len(words):
                         command = words[words.index(NODEWATCH_MODULE) + 1]
                         if command in NODE_TASK_COMMANDS:  # not `release`: the master's step at the end

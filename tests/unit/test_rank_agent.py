@@ -70,3 +70,50 @@ def test_main_passes_output_dir_to_the_agent(monkeypatch, tmp_path):
     assert seen["args"][1] == ["p.py", "--output_dir=/x"]
     assert agent.main([*argv, "--", "p.py"]) == 0
     assert seen["output_dir"] is None
+
+
+def test_an_agent_in_the_node_process_runs_with_the_given_environment_and_directory(tmp_path):
+    """In the node process (launch/node under srun) the agent takes its rank's environment and
+    directory as given, not the process's, and touches no process-wide signal handler."""
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    work = tmp_path / "work"
+    work.mkdir()
+    program = ["sh", "-c", 'echo "$RANK $LOCAL_RANK $PWD" > seen']
+    env = {"PATH": os.environ["PATH"], "RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8"}
+    argv = [
+        "--job-id",
+        "j1",
+        "--job-root",
+        str(tmp_path / "jobs"),
+        "--heartbeat-timeout",
+        "10",
+        "--",
+        *program,
+    ]
+    built = agent.build(argv, env=env, cwd=str(work), in_node=True)
+    assert built.run() == 0
+    assert (work / "seen").read_text().split() == ["5", "1", str(work)]
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_signal_forwarded_before_the_rank_starts_keeps_it_from_starting(tmp_path):
+    import signal
+
+    program = ["sh", "-c", "touch started"]
+    argv = [
+        "--job-id",
+        "j1",
+        "--job-root",
+        str(tmp_path / "jobs"),
+        "--heartbeat-timeout",
+        "10",
+        "--",
+        *program,
+    ]
+    env = {"PATH": os.environ["PATH"], "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+    built = agent.build(argv, env=env, cwd=str(tmp_path), in_node=True)
+    built.on_signal(signal.SIGTERM)  # the node process forwards scancel's SIGTERM
+    assert built.run() == 128 + signal.SIGTERM
+    assert not (tmp_path / "started").exists()

@@ -21,7 +21,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -49,6 +49,11 @@ SIGNAL_GRACE_S = 15.0
 
 
 class RankAgent:
+    """One rank's agent. A process of its own (`main`), or one of several in the node process that
+    hosts the node's relay (`in_node`: launch/node under srun and on the master's node), where it
+    touches nothing process-wide: no signal handlers (the node process forwards its signals), no
+    redirection of the process's output."""
+
     def __init__(
         self,
         job_id: str,
@@ -62,8 +67,13 @@ class RankAgent:
         zygote: zygote_client.ZygoteLink | None = None,
         output_to_relay: bool = False,
         ready_fd: int | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        in_node: bool = False,
     ) -> None:
         self.job_id = job_id
+        self.in_node = in_node
+        self.cwd = cwd or os.getcwd()
         # The direct launcher's ranks: once seated, the output goes over the relay's connection, and
         # the node process learns it on ready_fd (then it may end the ssh session that started it).
         self.output_to_relay = output_to_relay
@@ -72,12 +82,12 @@ class RankAgent:
         self.zygote = zygote  # the node's pre-imported parent (rank/zygote), when the node runs one
         self.program = list(program)
         # The master names it (--output-dir); an agent started by hand reads it off the program.
-        self.output_dir = output_dir or output_dir_in(program) or os.getcwd()
+        self.output_dir = output_dir or output_dir_in(program) or self.cwd
         self.control_address = control
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.connect_timeout_s = connect_timeout_s
         self.host = socket.gethostname()
-        self.env = dict(os.environ)
+        self.env = dict(os.environ if env is None else env)
         identity = rank_identity(self.env)
         self.rank, self.local_rank = identity.rank, identity.local_rank
         self.world, self.local_world = identity.world, identity.local_world
@@ -116,6 +126,7 @@ class RankAgent:
         self.ignored = 0  # control messages dropped for want of the session's MAC
         self._stop_lock = threading.Lock()
         self._stdout_ok = True
+        self.signals: list[int] = []  # SIGTERM/SIGINT received (by the agent, or its node process)
 
     def _restore_arguments(self, program: list[str]) -> tuple[list[str], str | None]:
         names = [name for name in self.env if private_args.is_private_argument(name)]
@@ -129,7 +140,7 @@ class RankAgent:
 
     def start_child(self) -> None:
         if self.zygote is not None:
-            forked = self.zygote.start(self.program, self.env, os.getcwd())
+            forked = self.zygote.start(self.program, self.env, self.cwd)
             if isinstance(forked, str):
                 self.say(f"preimport: plain start, not from the node's zygote: {forked}")
             else:
@@ -142,6 +153,7 @@ class RankAgent:
         self.child = subprocess.Popen(
             self.program,
             env=self.env,
+            cwd=self.cwd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -195,6 +207,8 @@ class RankAgent:
         session, so that nothing of ours holds that session open. Then the node process is told."""
         if self.output_to_relay and self.channel is not None:
             self._relayed = True
+            if self.in_node:  # the node process's own output stays its own
+                return
             sys.stdout.flush()
             sys.stderr.flush()
             os.dup2(self._log.fileno(), 1)
@@ -305,13 +319,21 @@ class RankAgent:
             self.say(f"error: {self.missing}")
             self._report(2, None)
             return 2
+        if self.signals:  # in the node process: its signal came before the rank started
+            self.say(f"not starting the rank: {signal.Signals(self.signals[-1]).name} came first")
+            self._report(128 + self.signals[-1], None)
+            return 128 + self.signals[-1]
         try:
             self.start_child()
         except OSError as error:
             self.say(f"error: cannot start {self.program[0]!r}: {error}")
             self._report(127, None)
             return 127
-        forwarded = self._forward_signals()
+        if not self.in_node:
+            self._forward_signals()
+        elif self.signals:  # one that came while it started, when there was no rank yet to stop
+            self.on_signal(self.signals.pop())
+        forwarded = self.signals
         pump = threading.Thread(target=self.pump_output, name="pump", daemon=True)
         pump.start()
         if self.channel is not None:
@@ -349,24 +371,22 @@ class RankAgent:
         self.channel.send(messages.fitted_exit(exit_, self.channel.room))
         self.channel.close()
 
-    def _forward_signals(self) -> list[int]:
-        """SIGTERM/SIGINT to the agent (e.g. from deepspeed's launch.py) stop the rank gracefully."""
-        received: list[int] = []
+    def on_signal(self, signum: int, _frame: object = None) -> None:
+        """SIGTERM/SIGINT to the agent (e.g. from deepspeed's launch.py), or to the node process that
+        hosts it, stop the rank gracefully."""
+        self.signals.append(signum)
+        threading.Thread(
+            target=self.stop_child,
+            args=(f"agent received {signal.Signals(signum).name}", SIGNAL_GRACE_S),
+            daemon=True,
+        ).start()
 
-        def handler(signum: int, _frame: object) -> None:
-            received.append(signum)
-            threading.Thread(
-                target=self.stop_child,
-                args=(f"agent received {signal.Signals(signum).name}", SIGNAL_GRACE_S),
-                daemon=True,
-            ).start()
-
-        signal.signal(signal.SIGTERM, handler)
-        signal.signal(signal.SIGINT, handler)
-        return received
+    def _forward_signals(self) -> None:
+        signal.signal(signal.SIGTERM, self.on_signal)
+        signal.signal(signal.SIGINT, self.on_signal)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m gaudi_cluster.rank.agent",
         description=(__doc__ or "").splitlines()[0],
@@ -400,16 +420,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--ready-fd", type=int, help="write one byte here once seated with --output-relay (launch/node)"
     )
     parser.add_argument("program", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def build(
+    argv: Sequence[str],
+    zygote_conn: socket.socket | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    in_node: bool = False,
+) -> RankAgent:
+    """The agent its command line describes (SystemExit with the usage line when it is wrong)."""
+    given = parser()
+    args = given.parse_args(argv)
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
     if not program:
-        parser.error("no program given after --")
+        given.error("no program given after --")
+    if zygote_conn is None and args.zygote_fd is not None:
+        zygote_conn = socket.socket(fileno=args.zygote_fd)
     zygote = None
-    if args.zygote_fd is not None:
+    if zygote_conn is not None:
         from gaudi_cluster.rank import zygote_client
 
-        zygote = zygote_client.ZygoteLink(socket.socket(fileno=args.zygote_fd))
-    agent = RankAgent(
+        zygote = zygote_client.ZygoteLink(zygote_conn)
+    return RankAgent(
         args.job_id,
         program,
         args.control,
@@ -421,8 +455,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         zygote=zygote,
         output_to_relay=args.output_relay,
         ready_fd=args.ready_fd,
+        env=env,
+        cwd=cwd,
+        in_node=in_node,
     )
-    return agent.run()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return build(sys.argv[1:] if argv is None else argv).run()
 
 
 if __name__ == "__main__":
