@@ -15,10 +15,12 @@ when the bench's share of the time budget is spent (the table says how many ran)
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from gaudi_cluster_dev.localcluster import LocalCluster
 
 from bench.common import (
+    WORK,
     Ctx,
     Row,
     Target,
@@ -154,7 +156,8 @@ def run_pair(cluster: LocalCluster, rep: int) -> dict:
             code = proc.wait_exit(JOB_TIMEOUT)
             ev = proc.events()
             if code != 0 or "first_step" not in ev:
-                raise RuntimeError(f"{who} job failed (exit {code}):\n{proc.tail(40)}")
+                kept = keep_output(who, proc.tail(1_000_000))
+                raise RuntimeError(f"{who} job failed (exit {code}; its output: {kept}):\n{proc.tail(40)}")
             out[who] = ev["first_step"]["t"] - proc.t_start
             if "start" in ev:  # split: exec → rank 0's python starts, then → first step
                 out[f"{who}_to_rank0"] = ev["start"]["t"] - proc.t_start
@@ -166,6 +169,14 @@ def run_pair(cluster: LocalCluster, rep: int) -> dict:
         finally:
             proc.stop()
     return out
+
+
+def keep_output(who: str, output: str) -> Path:
+    """A failed job's whole output, kept for its diagnosis (the note holds only its first line)."""
+    path = WORK / "failed" / f"launch-{who}-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(output)
+    return path
 
 
 def run(ctx: Ctx) -> list[Row]:
