@@ -129,6 +129,7 @@ image-cpu: base-image wheelhouse ## build the cpu flavor (offline)
 	scripts/build-image.sh $(IMAGE_CPU) -t $(IMAGE_NAME):$(VERSION)-cpu-$(GIT_REV) \
 	  --build-arg FLAVOR=cpu --build-arg BASE_IMAGE=$(BASE_IMAGE_CPU) \
 	  --build-arg VERSION=$(VERSION) --build-arg GIT_REV=$(GIT_REV)
+	scripts/prune-builds.sh $(IMAGE_CPU) $(GIT_REV)
 
 image: ## build the gaudi flavor of PROFILE (gaudi: Gaudi 2/3 on 1.24; gaudi-1.23; dl1: AWS DL1); needs vault.habana.ai; DRY_RUN=1 prints
 	$(PROFILES) check

@@ -5,7 +5,8 @@
 # `git ls-remote` of the branch: app/gaudi_cluster/settings/fork_pin.py), which it prints; after a build
 # that succeeded, the commit the image carries in its label io.gaudi-cluster.habana-deepspeed.commit is
 # written to the pin file (PINS_DIR/PROFILE.env) so the next build installs the same.
-# Environment: PINS_DIR (default build/pins), HABANA_DEEPSPEED_COMMIT, HABANA_DEEPSPEED_REPO.
+# Then the older per-commit tags of the image go (scripts/prune-builds.sh; KEEP_BUILDS, default 2).
+# Environment: PINS_DIR (default build/pins), HABANA_DEEPSPEED_COMMIT, HABANA_DEEPSPEED_REPO, KEEP_BUILDS.
 set -Eeuo pipefail
 
 (($# >= 4)) || {
@@ -26,4 +27,5 @@ cmd="$("${profiles[@]}" docker-build "$profile" --image-name "$image_name" --ver
 started=$SECONDS
 eval "$cmd"
 "${profiles[@]}" record-pin "$profile" --image "$image_name:$profile" --pins-dir "$pins_dir"
+"$here/prune-builds.sh" "$image_name:$profile" "$git_rev"
 printf 'build-gaudi-image: built %s:%s in %d s\n' "$image_name" "$profile" $((SECONDS - started)) >&2
