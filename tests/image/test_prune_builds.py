@@ -4,6 +4,7 @@ image's series stay, so a developer's or CI's Docker disk does not fill up build
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 import uuid
@@ -79,3 +80,32 @@ def test_bad_input_is_one_line_and_changes_nothing(tmp_path, repo):
         assert done.returncode == 1
         assert done.stderr.count("\n") == 1 and culprit in done.stderr and "fix:" in done.stderr
     assert tags(repo) == before
+
+
+def test_a_cached_build_tags_its_own_venv_stage(tmp_path, image):
+    """A stray dangling image with the venv stage's label (what an older or failed build leaves) is not
+    taken for this build's stage: the stage tag names the real cached stage, which therefore survives
+    the prune that ends the build, and the stray goes. (Picking the stage by label did the opposite, so
+    every other build remade the venv and copied it into a new 1.5 GB layer.)"""
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {BASE_IMAGE}\nLABEL io.gaudi-cluster.stage=build gc-prune-test=stray-{tmp_path.name}\n"
+    )
+    stray = docker("build", "-q", str(tmp_path)).stdout.strip()
+    version = re.search(r'^version = "(.*)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    tag = f"{image}-prunetest"
+    done = subprocess.run(
+        [
+            "bash", str(ROOT / "scripts" / "build-image.sh"), tag,
+            "--build-arg", "FLAVOR=cpu", "--build-arg", f"BASE_IMAGE={BASE_IMAGE}",
+            "--build-arg", f"VERSION={version.group(1) if version else 'dev'}",
+        ],
+        cwd=ROOT, capture_output=True, text=True, check=False, timeout=900,
+    )  # fmt: skip
+    try:
+        assert done.returncode == 0, done.stderr[-3000:]
+        stage = docker("image", "inspect", "-f", "{{.Id}}", f"{tag}-build-stage").stdout.strip()
+        assert stage == docker("image", "inspect", "-f", "{{.Id}}", f"{image}-build-stage").stdout.strip()
+        assert docker("image", "inspect", stray, check=False).returncode != 0, "the stray stage stayed"
+    finally:
+        docker("rmi", f"{tag}-build-stage", tag, check=False)
+        docker("rmi", stray, check=False)
