@@ -117,3 +117,18 @@ def test_a_signal_forwarded_before_the_rank_starts_keeps_it_from_starting(tmp_pa
     built.on_signal(signal.SIGTERM)  # the node process forwards scancel's SIGTERM
     assert built.run() == 128 + signal.SIGTERM
     assert not (tmp_path / "started").exists()
+
+
+def test_the_ranks_deepspeed_shm_buffer_goes_when_it_exits(tmp_path, monkeypatch):
+    """DeepSpeed's CPU all-reduce buffer (67 MB in /dev/shm, never unlinked by DeepSpeed) goes with
+    its rank; another rank's, or another job's, stays."""
+    monkeypatch.setattr(agent, "SHM_DIR", tmp_path / "shm")
+    (tmp_path / "shm").mkdir()
+    env = {"PATH": os.environ["PATH"], "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29611"}  # fmt: skip
+    prefix = f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1"
+    mine, peer, other_job = f"{prefix}_29611_1", f"{prefix}_29611_0", f"{prefix}_29612_1"
+    program = ["sh", "-c", f"touch {' '.join(str(tmp_path / 'shm' / n) for n in (mine, peer, other_job))}"]
+    argv = ["--job-id", "j1", "--job-root", str(tmp_path / "jobs"), "--heartbeat-timeout", "10", "--"]
+    assert agent.build([*argv, *program], env=env, cwd=str(tmp_path), in_node=True).run() == 0
+    assert sorted(p.name for p in (tmp_path / "shm").iterdir()) == sorted([peer, other_job])

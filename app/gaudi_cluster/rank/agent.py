@@ -26,7 +26,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gaudi_cluster.rank import agent_beat, jobdir, procgroup, relay_join
-from gaudi_cluster.rank.conventions import output_dir_in, rank_identity, with_local_rank
+from gaudi_cluster.rank.conventions import (
+    deepspeed_shm_buffer,
+    output_dir_in,
+    rank_identity,
+    with_local_rank,
+)
 from gaudi_cluster.wire import messages, private_args
 from gaudi_cluster.wire.channel import Channel, Unsendable
 from gaudi_cluster.wire.protocol import BEAT_INTERVAL_S
@@ -41,6 +46,7 @@ if TYPE_CHECKING:
 
 TAIL_LINES = 30
 FULL_DISK_BYTES = 1 << 20
+SHM_DIR = Path("/dev/shm")  # where shm_open's names live on Linux
 # A master gone silent or away is an abort: the rank 0 it hosts, or the partition, leaves the
 # collectives nothing to save with, so the rank is killed at once (the last complete checkpoint stays).
 ORPHAN_GRACE_S = 0.0
@@ -350,6 +356,10 @@ class RankAgent:
         self._report(code, signum)
         with contextlib.suppress(OSError):
             self.pid_file.unlink()
+        # Its peers mapped it at their start, so the name is no longer needed by anyone; the
+        # worker container (or, with --ipc=host, the server) outlives the job.
+        with contextlib.suppress(OSError):
+            (SHM_DIR / deepspeed_shm_buffer(self.env, self.rank, os.getuid())).unlink()
         return code
 
     def _note_full_disk(self) -> None:

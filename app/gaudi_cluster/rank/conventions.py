@@ -55,3 +55,12 @@ def rank_identity(environ: Mapping[str, str]) -> RankIdentity:
     world = first("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", default=1)
     local_world = first("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", default=1)
     return RankIdentity(rank, local_rank, world, local_world)
+
+
+def deepspeed_shm_buffer(environ: Mapping[str, str], rank: int, uid: int) -> str:
+    """The /dev/shm name of the all-reduce buffer DeepSpeed's CPU shm op makes for a rank when all
+    ranks share one node (deepspeed/ops/csrc/cpu/comm/shm.cpp: its prefix, the uid, MASTER_ADDR,
+    MASTER_PORT and the rank). DeepSpeed never unlinks it, so each such rank leaves 67 MB of shared
+    memory behind on its node."""
+    addr, port = environ.get("MASTER_ADDR", ""), environ.get("MASTER_PORT", "")
+    return f"deepspeed_allreduce_buffer_{uid}_{addr}_{port}_{rank}"
