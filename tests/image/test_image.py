@@ -17,6 +17,7 @@ from gaudi_cluster.nodes.ssh import KEX_ALGORITHMS
 
 from tests.support import image_scan
 from tests.support.docker import (
+    BASE_IMAGE,
     SSH_DIR,
     Containers,
     docker,
@@ -32,7 +33,6 @@ from tests.support.image_scan import LayerScan, scan_layers
 pytestmark = [pytest.mark.docker]  # one xdist worker: tests/conftest.py GROUPS
 
 VENV_PY = "/opt/venv/bin/python"
-BASE_IMAGE = "gaudi-cluster/debian:bookworm"  # the cpu flavor's base (make base-image)
 MAX_IMAGE_BYTES = 2.5e9
 
 

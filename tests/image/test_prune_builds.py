@@ -4,7 +4,6 @@ image's series stay, so a developer's or CI's Docker disk does not fill up build
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import time
 import uuid
@@ -13,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.docker import docker
+from bench.image import build_args, git_rev
+from tests.support.docker import BASE_IMAGE, docker
 
 ROOT = Path(__file__).resolve().parents[2]
 PRUNE = ROOT / "scripts" / "prune-builds.sh"
-BASE_IMAGE = "gaudi-cluster/debian:bookworm"  # the cpu flavor's base (make base-image)
 
 
 @pytest.fixture
@@ -91,14 +90,9 @@ def test_a_cached_build_tags_its_own_venv_stage(tmp_path, image):
         f"FROM {BASE_IMAGE}\nLABEL io.gaudi-cluster.stage=build gc-prune-test=stray-{tmp_path.name}\n"
     )
     stray = docker("build", "-q", str(tmp_path)).stdout.strip()
-    version = re.search(r'^version = "(.*)"', (ROOT / "pyproject.toml").read_text(), re.M)
     tag = f"{image}-prunetest"
     done = subprocess.run(
-        [
-            "bash", str(ROOT / "scripts" / "build-image.sh"), tag,
-            "--build-arg", "FLAVOR=cpu", "--build-arg", f"BASE_IMAGE={BASE_IMAGE}",
-            "--build-arg", f"VERSION={version.group(1) if version else 'dev'}",
-        ],
+        ["bash", str(ROOT / "scripts" / "build-image.sh"), tag, *build_args(git_rev())],
         cwd=ROOT, capture_output=True, text=True, check=False, timeout=900,
     )  # fmt: skip
     try:

@@ -15,6 +15,7 @@ from gaudi_cluster_dev.localcluster import node_keys
 ROOT = Path(__file__).resolve().parents[2]
 LOCK = ROOT / "requirements" / "cpu-image.txt"
 SSH_DIR = "/run/secrets/gaudi-cluster"
+BASE_IMAGE = "gaudi-cluster/debian:bookworm"  # the cpu flavor's base (make base-image)
 SESSION = uuid.uuid4().hex[:8]
 LABEL = f"gaudi-cluster.test={SESSION}"
 

@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from gaudi_cluster.rank.conventions import deepspeed_shm_buffer
+from gaudi_cluster.rank.conventions import SHM_DIR, deepspeed_shm_buffer
 from train.events import parse_events
 
 from tests.support.ports import held_port
@@ -67,7 +67,7 @@ def run_deepspeed(args: list[str], env: dict[str, str], ranks: int = 2, timeout:
             # never unlinked by DeepSpeed) stayed in the host's /dev/shm, 2.6 GB in a day of runs.
             where = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
             for rank in range(ranks):
-                (Path("/dev/shm") / deepspeed_shm_buffer(where, rank, os.getuid())).unlink(missing_ok=True)
+                (SHM_DIR / deepspeed_shm_buffer(where, rank, os.getuid())).unlink(missing_ok=True)
     return Run(proc.returncode, proc.stdout, proc.stderr)
 
 

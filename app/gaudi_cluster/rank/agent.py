@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from gaudi_cluster.rank import agent_beat, jobdir, procgroup, relay_join
 from gaudi_cluster.rank.conventions import (
+    SHM_DIR,
     deepspeed_shm_buffer,
     output_dir_in,
     rank_identity,
@@ -46,7 +47,6 @@ if TYPE_CHECKING:
 
 TAIL_LINES = 30
 FULL_DISK_BYTES = 1 << 20
-SHM_DIR = Path("/dev/shm")  # where shm_open's names live on Linux
 # A master gone silent or away is an abort: the rank 0 it hosts, or the partition, leaves the
 # collectives nothing to save with, so the rank is killed at once (the last complete checkpoint stays).
 ORPHAN_GRACE_S = 0.0

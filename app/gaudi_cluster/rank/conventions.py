@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 
 def with_local_rank(program: Sequence[str], local_rank: int) -> list[str]:
@@ -55,6 +56,9 @@ def rank_identity(environ: Mapping[str, str]) -> RankIdentity:
     world = first("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", default=1)
     local_world = first("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", default=1)
     return RankIdentity(rank, local_rank, world, local_world)
+
+
+SHM_DIR = Path("/dev/shm")  # where shm_open's names live on Linux
 
 
 def deepspeed_shm_buffer(environ: Mapping[str, str], rank: int, uid: int) -> str:
