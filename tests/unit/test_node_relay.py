@@ -379,6 +379,26 @@ def test_an_agent_that_does_not_end_is_killed_at_the_stops_deadline(cluster):
     assert wait_gone(rank)
 
 
+def test_the_relay_reaps_at_the_stops_deadline_not_at_its_next_tick(cluster, monkeypatch):
+    """Issue 37: the master waits only a little past the stop's margin for a node's word before it
+    reaps the node itself (and, for its own node, kills the node process hosting the relay): the
+    relay reaps at the deadline itself. Here it never ticks, so only that deadline can reap."""
+    monkeypatch.setattr(node_relay.Relay, "_tick", lambda self, summary=True: None)
+    server, agent, job_dir = cluster
+    hosted = relay_host.host(JOB, job_dir.parent, f"127.0.0.1:{server.port}", 30.0, 10.0)
+    assert hosted is not None
+    agents = [agent(rank, "sleep 60") for rank in range(2)]
+    assert len(take(server, 2)) == 2
+    rank = wait_for_rank(job_dir, 0)
+    agents[0].send_signal(signal.SIGSTOP)  # it cannot act on the stop: its link stays
+    server.stop_all(0.0)
+    assert server.reaped_by_relays(protocol.RELAY_STOP_MARGIN_S + 5.0) == {NODE}
+    assert agents[0].wait(timeout=10) == -signal.SIGKILL
+    assert wait_gone(rank)
+    hosted.end()
+    assert not hosted.thread.is_alive()
+
+
 def test_no_reap_is_awaited_without_a_stop(cluster):
     server, agent, _ = cluster
     agent(0, "sleep 60")

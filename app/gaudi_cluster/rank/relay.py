@@ -45,9 +45,6 @@ from gaudi_cluster.wire.channel import Channel, Identity, Unsendable, connect_an
 PID_NAME = "relay.pid"
 LINGER_S = 2.0  # after the last agent left: room for a late one before the relay ends
 IDLE_POLL_S = 0.02
-# After the master's stop and its grace: what an agent has not ended by then, the relay kills (as
-# `gaudi-cluster reap` would), so the master need not reach the node for it.
-STOP_MARGIN_S = 2.0
 STARTER_POLL_S = 0.2
 # At the end: how long the master may take to close its side after ours (a busy master reads late).
 CLOSE_WAIT_S = 5.0
@@ -176,9 +173,17 @@ class Relay:
                     link.channel.close()
         elif isinstance(message, messages.Stop | messages.Beat):
             if isinstance(message, messages.Stop):
+                wait_s = (message.grace or 0.0) + protocol.RELAY_STOP_MARGIN_S
                 with self.lock:
-                    if self.reap_by is None:
-                        self.reap_by = time.monotonic() + (message.grace or 0.0) + STOP_MARGIN_S
+                    first = self.reap_by is None
+                    if first:
+                        self.reap_by = time.monotonic() + wait_s
+                if first:
+                    # At the deadline itself, not at the next second's tick: the master waits only
+                    # a little longer than the margin for this node's word before it reaps it itself.
+                    timer = threading.Timer(wait_s, self.reap_if_stopped, kwargs={"at_deadline": True})
+                    timer.daemon = True
+                    timer.start()
             self.to_agents(message)
         elif isinstance(message, messages.Unstage):
             jobdir.remove_private(self.job_dir)
@@ -207,13 +212,14 @@ class Relay:
         if idle and self.joined_any and time.monotonic() - self.last_leave > LINGER_S:
             self.end("its last agent left")
 
-    def reap_if_stopped(self) -> None:
+    def reap_if_stopped(self, at_deadline: bool = False) -> None:
         """After the master's stop, once every agent has left (or at the stop's deadline): kill what
         the job's pid files on this node still name (a rank whose agent was killed, an agent that
         did not end), tell the master so, and end. Its `reap` over ssh or srun is then not needed."""
         with self.lock:
             links = [*self.links.values(), *self.joining.values()]
-            due = self.reap_by is not None and (not links or time.monotonic() >= self.reap_by)
+            late = at_deadline or (self.reap_by is not None and time.monotonic() >= self.reap_by)
+            due = self.reap_by is not None and (not links or late)
             if not due or self.reaped:
                 return
             self.reaped = True

@@ -34,13 +34,15 @@ from gaudi_cluster.supervise.outcome import JobOutcome, JobState, RankFailure, s
 from gaudi_cluster.view.figures import JobFigures
 from gaudi_cluster.view.jobview import RankSnapshot
 from gaudi_cluster.view.liveview import LiveView
+from gaudi_cluster.wire import protocol
 
 log = logging.getLogger("gaudi_cluster.supervise.supervisor")
 
 LOOK_INTERVAL_S = 1.0  # how often the whole job's state is read (live view, stuck ranks)
 # After the ranks' exits, how long the relays get (beyond the stop's grace) to reap their nodes and
-# say so: their agents have left by then, so it takes milliseconds unless a node is in trouble.
-RELAY_REAP_S = 3.0
+# say so: their agents have left by then, so it takes milliseconds unless a node is in trouble; one
+# whose agents have not ended is reaped by its relay at the margin, and its word needs a moment more.
+RELAY_REAP_S = protocol.RELAY_STOP_MARGIN_S + 1.5
 GC_YOUNG_THRESHOLD = 50_000  # Python's 700 made ~58 young collections a second at 8,000 ranks
 
 

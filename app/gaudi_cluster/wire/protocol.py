@@ -33,6 +33,10 @@ from typing import Any
 
 MAX_LINE = 64 * 1024
 BEAT_INTERVAL_S = 1.0  # an agent beats every second; the master checks for silence as often
+# After the master's stop and its grace: what an agent has not ended by then, its node's relay kills
+# (as `gaudi-cluster reap` would) and says so, so the master need not reach the node for it. The
+# master waits this long and a little more for that word before it reaps a node itself.
+RELAY_STOP_MARGIN_S = 2.0
 # Both ends of a node's connection beat every few seconds (its relay the node's summary, the master its
 # beat), always at least four times within the heartbeat timeout (see beat_every): one sealed line a
 # second each way with 1,000 nodes was most of the master's CPU.
