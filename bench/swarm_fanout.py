@@ -37,7 +37,7 @@ from bench.common import ROOT, WORK, Ctx, Row, Target, failed_row, log, stat
 FAKE_SSH = Path(__file__).resolve().parent / "fake_ssh"
 JOB = "20261202-000000-fanout"
 WAIT_S = 60.0  # a teardown that has not ended by then is said as capped
-PROBE_ARGV = [sys.executable, "-m", "gaudi_cluster", "probe", "--json", "--accelerator", "cpu"]
+PROBE_ARGV = [sys.executable, "-m", "gaudi_cluster.nodes.probe", "--json", "--accelerator", "cpu"]
 
 
 def host_names(nodes: int) -> list[str]:

@@ -12,15 +12,14 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
 
 from gaudi_cluster import __version__
-from gaudi_cluster.errors import ConfigError, GaudiClusterError, error_line, exit_code_for, quoted
+from gaudi_cluster.errors import GaudiClusterError, error_line, exit_code_for, quoted
 from gaudi_cluster.settings import command_line
 from gaudi_cluster.settings.config import resolve_config
 from gaudi_cluster.settings.flags import add_config_flags
+from gaudi_cluster.settings.usage import OneLineParser, add_job_root_flag, examples
 from gaudi_cluster.view.logs import configure_logging
-from gaudi_cluster.wire.kinds import AUTO, Accelerator
 
 log = logging.getLogger("gaudi_cluster")
 
@@ -52,26 +51,9 @@ DOCTOR_SETTINGS = (
 )
 
 
-class Parser(argparse.ArgumentParser):
-    """argparse that reports a usage error as one line (ConfigError, exit 2) and never abbreviates."""
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        kwargs.setdefault("allow_abbrev", False)
-        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-
-    def error(self, message: str) -> NoReturn:
-        # The caller's line already starts with `gaudi-cluster: error:`; the fix names this command.
-        raise ConfigError(f"{message}; fix: see '{self.prog} --help'")
-
-
-def _examples(*lines: str) -> str:
-    return "examples:\n" + "\n".join(f"  {line}" for line in lines)
-
-
-def _parsers() -> tuple[Parser, dict[str, argparse.ArgumentParser]]:
+def _parsers() -> tuple[OneLineParser, dict[str, argparse.ArgumentParser]]:
     """The top-level parser and its subcommand parsers by name."""
-    parser = Parser(
+    parser = OneLineParser(
         prog="gaudi-cluster",
         description=(
             "Multi-node DeepSpeed training on Intel Gaudi (and CPU/CUDA) servers from one Docker image. "
@@ -79,7 +61,7 @@ def _parsers() -> tuple[Parser, dict[str, argparse.ArgumentParser]]:
             "from flags, then GAUDI_CLUSTER_* variables, then defaults.\n\nexit codes: 0 ok, 1 job failed, "
             "2 bad input (nothing launched), 3 cluster not ready, 128+N stopped by signal N"
         ),
-        epilog=_examples(
+        epilog=examples(
             "gaudi-cluster master --peers-dns worker --nodes 3",
             "gaudi-cluster master --hostfile /job/hostfile -m mypkg.train --lr 1e-4",
             "gaudi-cluster spawn --world_size 8 --use_deepspeed run_clm.py --deepspeed ds.json",
@@ -87,7 +69,7 @@ def _parsers() -> tuple[Parser, dict[str, argparse.ArgumentParser]]:
     )
     parser.add_argument("--version", action="version", version=f"gaudi-cluster {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging (also after the command)")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
 
     master = sub.add_parser(
         "master",
@@ -100,7 +82,7 @@ def _parsers() -> tuple[Parser, dict[str, argparse.ArgumentParser]]:
             "without one, the bundled workload trains its embedded default. A job whose only node is this "
             "one runs locally without ssh."
         ),
-        epilog=_examples(
+        epilog=examples(
             "gaudi-cluster master --peers worker-1,worker-2 train.py --epochs 1",
             "gaudi-cluster master --hostfile /job/hostfile --launcher mpirun -m mypkg.train",
             "gaudi-cluster master --dry-run --peers-dns worker --nodes 3",
@@ -133,7 +115,7 @@ def _parsers() -> tuple[Parser, dict[str, argparse.ArgumentParser]]:
             "package versions, image build and python, free disk and /dev/shm. Prints a table, then JSON. "
             "The master runs the same checks before every launch."
         ),
-        epilog=_examples("gaudi-cluster doctor --peers-dns worker --nodes 3", "gaudi-cluster doctor --json"),
+        epilog=examples("gaudi-cluster doctor --peers-dns worker --nodes 3", "gaudi-cluster doctor --json"),
     )
     add_config_flags(doctor, DOCTOR_SETTINGS)
     doctor.add_argument("--json", action="store_true", help="print the JSON only")
@@ -151,63 +133,29 @@ def _parsers() -> tuple[Parser, dict[str, argparse.ArgumentParser]]:
             "state, step, step time, heartbeat age and last output line, the live progress line and the "
             "stragglers named so far."
         ),
-        epilog=_examples(
+        epilog=examples(
             "docker exec gaudi-cluster-master gaudi-cluster status",
             "gaudi-cluster status --job-id 20261130-120000-a1b2c3 --json",
         ),
     )
     status.add_argument("--job-id", help="a job under --job-root; default: the running one")
     status.add_argument("--json", action="store_true", help="print the JSON snapshot")
-    command_line.add_job_root_flag(status)
+    add_job_root_flag(status)
 
-    probe = sub.add_parser(
+    sub.add_parser(
         "probe",
-        help="report this node as JSON (the master runs it over ssh)",
-        description=(
-            "Print one JSON line describing this node: hostname, python, accelerator and slots, package "
-            "versions, image build, interfaces, the given paths, free disk and shm, EFA devices. With "
-            "--stage it also creates the job's directory and writes the private payload read from stdin."
-        ),
-        epilog=_examples(
-            "gaudi-cluster probe --json", "gaudi-cluster probe --accelerator hpu --path /w/run.py"
-        ),
+        help="report this node as JSON (the master runs it on every node; gaudi-cluster probe --help)",
+        add_help=False,
     )
-    probe.add_argument("--json", action="store_true", help="print JSON (the only format)")
-    probe.add_argument("--path", action="append", default=[], help="a path that must exist here; repeatable")
-    probe.add_argument(
-        "--accelerator",
-        default="auto",
-        choices=(AUTO, *Accelerator),
-        help="device kind; default auto",
-    )
-    probe.add_argument(
-        "--slots", type=command_line.positive, default=None, help="ranks per node on cpu; default 1"
-    )
-    probe.add_argument("--check-efa", action="store_true", help="also run fi_info -p efa")
-    probe.add_argument(
-        "--check-fabric",
-        action="store_true",
-        help="on an HPU node, also run fi_info -p efa and -p verbs (with the ranks' LD_LIBRARY_PATH)",
-    )
-    probe.add_argument(
-        "--stage", metavar="JOB_ID", help="create this job's directory, private file from stdin"
-    )
-    probe.add_argument("--output-dir", help="report the free space where the job will write")
-    probe.add_argument(
-        "--srun-task",
-        action="store_true",
-        help="a task of the master's srun step: name this node first; --stage takes its own payload",
-    )
-    command_line.add_job_root_flag(probe)
 
     reap = sub.add_parser(
         "reap",
         help="kill what is left of one job on this node (by its pid files)",
         description="Kill the process groups and agents recorded in one job's pid files on this node.",
-        epilog=_examples("gaudi-cluster reap --job-id 20261130-120000-a1b2c3"),
+        epilog=examples("gaudi-cluster reap --job-id 20261130-120000-a1b2c3"),
     )
     reap.add_argument("--job-id", required=True, help="the job to clean up (a directory under --job-root)")
-    command_line.add_job_root_flag(reap)
+    add_job_root_flag(reap)
 
     check = sub.add_parser(
         "hostfile",
@@ -216,7 +164,7 @@ def _parsers() -> tuple[Parser, dict[str, argparse.ArgumentParser]]:
             "Check a DeepSpeed hostfile ('host slots=N' per line, # comments) as strictly as the master "
             "does, print it normalized on stdout and a summary (nodes, slots) on stderr."
         ),
-        epilog=_examples("gaudi-cluster hostfile /job/hostfile"),
+        epilog=examples("gaudi-cluster hostfile /job/hostfile"),
     )
     check.add_argument("path", help="the hostfile to check")
     sub.add_parser(
@@ -224,7 +172,7 @@ def _parsers() -> tuple[Parser, dict[str, argparse.ArgumentParser]]:
         help="the image profiles: check | table | get PROFILE KEY | docker-build PROFILE ...",
         add_help=False,
     )
-    for command in (master, doctor, status, probe, reap, check):
+    for command in (master, doctor, status, reap, check):
         # After the command too; SUPPRESS keeps a -v given before it from being reset.
         command.add_argument(
             "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="debug logging"
@@ -232,7 +180,6 @@ def _parsers() -> tuple[Parser, dict[str, argparse.ArgumentParser]]:
     return parser, {
         "master": master,
         "doctor": doctor,
-        "probe": probe,
         "reap": reap,
         "hostfile": check,
         "status": status,
@@ -262,6 +209,10 @@ def _main(args_list: list[str]) -> int:
         from gaudi_cluster.aws.cli import main as aws_main
 
         return aws_main(rest[1:])
+    if rest[:1] == ["probe"]:  # parsed by its module, which the master runs on every node itself
+        from gaudi_cluster.nodes import probe
+
+        return probe.main(rest[1:], "gaudi-cluster probe")
     if rest[:1] == ["profiles"]:
         from gaudi_cluster.settings import profiles_cli
 
@@ -296,20 +247,6 @@ def _dispatch(args: argparse.Namespace) -> int:
         from gaudi_cluster.view import status
 
         return status.main(Path(command_line.job_root(args)), args.job_id, args.json)
-    if args.command == "probe":
-        from gaudi_cluster.nodes import probe
-
-        return probe.run(
-            args.path,
-            args.accelerator,
-            args.slots,
-            args.check_efa,
-            args.stage,
-            command_line.job_root(args),
-            args.output_dir,
-            args.check_fabric,
-            args.srun_task,
-        )
     if args.command == "hostfile":
         from gaudi_cluster.nodes.hostfile import render_hostfile
         from gaudi_cluster.nodes.world import read_hostfile

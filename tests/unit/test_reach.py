@@ -51,7 +51,7 @@ def step(tmp_path: Path) -> SrunStep:
 
 
 def probe_command(job_root: Path, stage: bool, srun_task: bool = False) -> list[str]:
-    command = [sys.executable, "-m", "gaudi_cluster", "probe", "--json", "--accelerator", "cpu"]
+    command = [sys.executable, "-m", "gaudi_cluster.nodes.probe", "--json", "--accelerator", "cpu"]
     command += ["--srun-task"] if srun_task else []
     return command + (["--stage", "j1", "--job-root", str(job_root)] if stage else [])
 

@@ -290,8 +290,9 @@ def probe_command(
     staging: bool,
     output_dir: str | None,
 ) -> list[str]:
-    """`gaudi-cluster probe` as every node runs it; `staging`: its stdin carries the private payload."""
-    command = [sys.executable, "-m", "gaudi_cluster", "probe", "--json", "--accelerator", config.accelerator]
+    """The probe as every node runs it (its own entry, not the CLI's); `staging`: its stdin carries the
+    private payload."""
+    command = [sys.executable, "-m", probe.__name__, "--json", "--accelerator", config.accelerator]
     if staging:
         command += ["--stage", job_id, "--job-root", config.job_root]
     for path in paths:

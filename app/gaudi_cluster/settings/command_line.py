@@ -8,38 +8,15 @@ import os
 import re
 
 from gaudi_cluster.errors import ConfigError, quoted
-from gaudi_cluster.settings.config import DEFAULT_JOB_ROOT
 from gaudi_cluster.settings.flags import resolve_setting
-from gaudi_cluster.settings.host_names import MAX_SLOTS
 
 # torchrun's --tee takes a value (0-3, or RANK:N,...); ours is a switch: `--tee 3` must not run `3`.
 _TORCHRUN_TEE = r"[0-3]|\d+:[0-3](,\d+:[0-3])*"
 
 
-def add_job_root_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--job-root",
-        default=None,
-        help=f"where per-job state lives (env GAUDI_CLUSTER_JOB_ROOT; default {DEFAULT_JOB_ROOT})",
-    )
-
-
 def job_root(args: argparse.Namespace) -> str:
     """--job-root, then GAUDI_CLUSTER_JOB_ROOT, then the default: as the master reads it."""
     return resolve_setting("job_root", args.job_root, os.environ)
-
-
-def positive(value: str) -> int:
-    """probe --slots: a count, echoed quoted and cut when refused."""
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{quoted(value)} is not an integer") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{quoted(value)} is below 1")
-    if number > MAX_SLOTS:
-        raise argparse.ArgumentTypeError(f"{quoted(value)} is above {MAX_SLOTS}")
-    return number
 
 
 def split_job(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], list[str]]:

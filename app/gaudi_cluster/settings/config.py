@@ -32,10 +32,10 @@ from gaudi_cluster.settings.setting_types import (
     text,
     variable_names,
 )
+from gaudi_cluster.settings.usage import DEFAULT_JOB_ROOT
 from gaudi_cluster.wire.kinds import AUTO, Accelerator, EnvPreset, LauncherName
 
 ENV_PREFIX = "GAUDI_CLUSTER_"
-DEFAULT_JOB_ROOT = "/run/gaudi-cluster/jobs"
 
 
 def setting(
