@@ -96,6 +96,15 @@ def private_files(cluster) -> dict[str, str]:
     return found
 
 
+def relay_logs(cluster, names) -> str:
+    """Each node's relay.log (why its relay ended, what it sent last): what a cleanup assertion shows."""
+    shown = []
+    for name in names:
+        done = cluster.exec(name, "sh", "-c", "tail -n 20 /run/gaudi-cluster/jobs/*/relay.log 2>&1")
+        shown.append(f"--- {name}\n{done.stdout}")
+    return "\n".join(shown)
+
+
 def summary_line(log: str) -> str:
     lines = [line for line in log.splitlines() if re.match(r"gaudi-cluster: job \S+ failed:", line)]
     assert len(lines) == 1, log[-3000:]
@@ -146,7 +155,11 @@ def test_killed_worker_stops_the_job_everywhere_and_is_named(make_cluster, launc
     # clean up (issue 33), and skipped the dead one.
     report = json.loads((cluster.output_dir / "job_report.json").read_text())
     cleaned = {how: sorted(nodes) for how, nodes in report["cleanup"].items()}
-    assert cleaned == {"by_relay": ["master", "worker-1"], "by_master": [], "skipped": ["worker-2"]}
+    assert cleaned == {"by_relay": ["master", "worker-1"], "by_master": [], "skipped": ["worker-2"]}, (
+        cleaned,
+        relay_logs(cluster, (cluster.master, cluster.worker(1))),
+        log[-3000:],
+    )
 
 
 def test_network_partition_ends_the_job_within_30s_naming_the_node(make_cluster):

@@ -167,11 +167,12 @@ class SlurmCluster:
         Not Slurm's own (srun, which waits for a dead node until slurmctld declares it down) nor the
         container's daemons.
         """
-        done = self.exec(node, "ps", "-eo", "pid,comm,args", "--no-headers")
+        # The parent, state and age say what a leftover is (a zygote's forked rank shows its command line).
+        done = self.exec(node, "ps", "-eo", "pid,ppid,stat,etimes,comm,args", "--no-headers")
         markers = ("gaudi_cluster", "gaudi-cluster", "run_clm", "deepspeed", "sshd", "entrypoint.sh auto")
         ours = []
         for line in done.stdout.splitlines():
-            _pid, command, args = [*line.split(None, 2), "", ""][:3]
+            command, args = [*line.split(None, 5), "", "", "", "", "", ""][4:6]
             if command in ("srun", "slurmstepd") or "start-slurm.sh" in args:
                 continue
             if any(marker in args for marker in markers):
