@@ -25,6 +25,7 @@ from gaudi_cluster.rank.zygote_rules import (
     Script,
     fork_refusal,
     key_difference,
+    openblas_threads,
     preload_modules,
     script_of,
 )
@@ -84,6 +85,27 @@ def test_import_time_settings_are_the_key_and_secrets_are_not():
     assert key_difference(base, {k: v for k, v in base.items() if k != "OMP_NUM_THREADS"}) == [
         "OMP_NUM_THREADS"
     ]
+    # numpy's OpenBLAS reads these at import too
+    assert key_difference(base, {**base, "OPENBLAS_NUM_THREADS": "2", "GOTO_NUM_THREADS": "2"}) == [
+        "GOTO_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+    ]
+
+
+def test_a_forked_ranks_blas_pool_is_sized_as_openblas_sizes_it_at_import():
+    """OPENBLAS_NUM_THREADS, then GOTO_NUM_THREADS, then OMP_NUM_THREADS (the first positive count),
+    never more than the CPUs it sees; else a thread per CPU."""
+    assert openblas_threads({}, 8) == 8
+    assert openblas_threads({"OMP_NUM_THREADS": "2"}, 8) == 2
+    assert openblas_threads({"OMP_NUM_THREADS": "2", "GOTO_NUM_THREADS": "3"}, 8) == 3
+    assert (
+        openblas_threads({"OPENBLAS_NUM_THREADS": "4", "GOTO_NUM_THREADS": "3", "OMP_NUM_THREADS": "2"}, 8)
+        == 4
+    )
+    assert openblas_threads({"OPENBLAS_NUM_THREADS": "0", "OMP_NUM_THREADS": "2"}, 8) == 2
+    assert openblas_threads({"OPENBLAS_NUM_THREADS": "x", "OMP_NUM_THREADS": "-1"}, 8) == 8
+    assert openblas_threads({"OMP_NUM_THREADS": "64"}, 8) == 8
+    assert openblas_threads({}, 0) == 1
 
 
 def test_only_the_cpu_stack_preimports_deepspeed():
@@ -213,6 +235,40 @@ def test_the_cpu_zygote_preimports_the_trainer_and_still_forks_with_the_ranks_ow
     assert seen == {"trainer": True, "arrow": True, "env": []}
 
 
+THREADS = """
+import json, os, sys
+import torch, transformers  # numpy's OpenBLAS among them: its pool starts at import
+print(json.dumps({"threads": len(os.listdir("/proc/self/task")), "main": __name__}))
+"""
+
+
+def test_a_rank_whose_omp_threads_are_not_one_is_forked_with_a_plain_starts_blas_pool(tmp_path):
+    """An HPU or GPU server's ranks (nothing sets OMP_NUM_THREADS there), or CPU ranks with cores of
+    their own: the zygote imports with one BLAS thread, so it may fork, and the rank then runs as many
+    threads as a plain start (numpy's OpenBLAS pool sized as at its import)."""
+    script = tmp_path / "threads.py"
+    script.write_text(THREADS)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "OPENBLAS_", "GOTO_", "DS_"))}
+    env |= {"RANK": "0", "LOCAL_RANK": "0"}
+    server, path = serve(tmp_path, {k: v for k, v in env.items() if k not in ("RANK", "LOCAL_RANK")})
+    link = zygote_client.ZygoteLink((connect_agents(path, 1) or [])[0])
+    try:
+        assert link.wait_ready() is None
+        child = link.start([PY, str(script)], env, str(tmp_path))
+        assert isinstance(child, zygote_client.ZygoteChild), child  # not refused: one thread still
+        forked = json.loads(child.stdout.read())  # type: ignore[union-attr]
+        assert child.wait() == 0
+    finally:
+        link.close()
+    assert server.wait(timeout=60) == 0
+    plain = subprocess.run(
+        [PY, str(script)], check=True, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert forked == json.loads(plain.stdout)
+    assert forked["main"] == "__main__"
+    assert forked["threads"] >= min(2, len(os.sched_getaffinity(0)))  # a pool, wherever there are 2 CPUs
+
+
 def test_a_rank_with_other_import_time_settings_is_refused_with_its_reason(tmp_path, dump_script):
     server, path = serve(tmp_path, {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "hpu"})
     env = {**os.environ, "OMP_NUM_THREADS": "2", "DS_ACCELERATOR": "hpu"}
@@ -335,6 +391,43 @@ def test_with_keep_0_the_zygote_leaves_with_its_agents(node_temp, tmp_path):
     assert zygote_client.ZygoteLink(zygote.conns[0]).wait_ready() is None
     zygote.conns[0].close()
     assert zygote.leaves_with_us.wait(timeout=30) == 0
+
+
+STAND_IN = """
+import json, sys, tempfile, time
+tempfile.tempdir = sys.argv[1]
+from gaudi_cluster.launch.node import start_zygote
+from gaudi_cluster.rank import zygote_client
+from gaudi_cluster.wire.node_spec import NodeSpec
+spec, env, program = NodeSpec.from_json(sys.argv[2]), json.loads(sys.argv[3]), json.loads(sys.argv[4])
+zygote = start_zygote(spec, env, 1)
+link = zygote_client.ZygoteLink(zygote.conns[0])
+assert link.wait_ready() is None
+child = link.start(program, {**env, "RANK": "0"}, spec.cwd)
+print(json.dumps([zygote.leaves_with_us.pid, child.pid]), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_zygote_that_leaves_with_the_job_dies_with_its_node_process_and_so_do_its_ranks(
+    node_temp, tmp_path
+):
+    """Under Slurm the zygote leaves with the attempt, yet it ignores the stop signals: a node process
+    killed outright (a step killed, a node process SIGKILLed) must not leave it, nor a rank it forked,
+    running on a node whose step's tracker no longer sees them."""
+    env = {k: v for k, v in _rank_env(tmp_path, 0, "d").items() if k not in ("RANK", "LOCAL_RANK")}
+    rank = tmp_path / "forever.py"
+    rank.write_text("import time\nwhile True:\n    time.sleep(1)\n")
+    stand_in = subprocess.Popen(
+        [PY, "-c", STAND_IN, str(node_temp), _node_spec(tmp_path, keep_s=0).to_json(), json.dumps(env),
+         json.dumps([PY, str(rank)])],
+        stdout=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    zygote, forked = json.loads(stand_in.stdout.readline())
+    assert not _gone(zygote) and not _gone(forked)
+    stand_in.kill()
+    stand_in.wait(timeout=10)
+    assert wait_for(lambda: _gone(zygote) and _gone(forked), 10), (_gone(zygote), _gone(forked))
 
 
 def test_a_zygote_directory_others_can_enter_is_refused(short_tmp):

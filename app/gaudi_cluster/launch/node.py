@@ -181,6 +181,8 @@ def spawn_zygote(
         "--keep-s",
         f"{spec.preimport_keep_s:g}",
     ]
+    if spec.preimport_keep_s <= 0:  # it leaves with the attempt: killed with us, however we end
+        command += ["--leave-with", str(os.getpid())]
     try:
         output = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     except OSError as error:

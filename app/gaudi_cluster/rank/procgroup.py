@@ -58,3 +58,17 @@ def terminate(
     if group or not finished():
         with contextlib.suppress(ProcessLookupError, PermissionError):
             send(pgid, signal.SIGKILL)
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent: int) -> bool:
+    """Have the kernel SIGKILL this process once `parent` (the process that started it) ends, however
+    it ends; False when `parent` is already gone (this process should leave now). What a process that
+    ignores SIGTERM needs where nothing of its parent's may outlive it: a step's process tracker no
+    longer sees it once its parent has died, as it is reparented."""
+    import ctypes  # here: only such a process loads it
+
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    return os.getppid() == parent  # it may have died before the prctl, which then never fires

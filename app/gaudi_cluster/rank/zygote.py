@@ -12,7 +12,8 @@ device bridge imported, another import-time setting, a program that is no `pytho
 libraries changed on disk), and the rank's wait status once it ends.
 
 It stays warm for the next attempt or job: once no agent and no rank is left it waits N seconds for
-the next agent (0: it leaves with the job, as under Slurm), and it leaves as soon as its socket is no
+the next agent (0: it leaves with the job, as under Slurm, and `--leave-with PID` has the kernel kill it
+and its ranks once that node process ends, however it ends), and it leaves as soon as its socket is no
 longer its own (launch/node retires the previous zygote of a node when a job needs other settings).
 It ignores SIGTERM/SIGINT/SIGHUP (the agents stop their ranks). The agent's side is
 rank/zygote_client (`ZygoteLink`, and `ZygoteChild` in Popen's shape).
@@ -35,6 +36,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
+from gaudi_cluster.rank import procgroup
 from gaudi_cluster.rank.zygote_rules import (
     PRELOAD_ONLY_ENV,
     ForkReply,
@@ -42,6 +44,7 @@ from gaudi_cluster.rank.zygote_rules import (
     Script,
     fork_refusal,
     key_difference,
+    openblas_threads,
     preload_modules,
     script_of,
 )
@@ -117,10 +120,51 @@ def _exit_code(error: SystemExit) -> int:
     return 1
 
 
-def become_rank(request: ForkRequest, script: Script, stdin_fd: int, out_fd: int) -> int:
-    """Turn this forked child into the rank a plain `python [-u] SCRIPT` start would be; its exit code."""
+def _openblas_libraries() -> list[str]:
+    """The OpenBLAS libraries loaded here (numpy's bundled one, any other's), by their mapped files."""
+    found: list[str] = []
+    with contextlib.suppress(OSError), open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            path = fields[5].strip() if len(fields) == 6 else ""
+            if "openblas" in os.path.basename(path) and path not in found:
+                found.append(path)
+    return found
+
+
+def size_blas_pools(env: Mapping[str, str]) -> None:
+    """Give each OpenBLAS the threads a plain start under `env` gives it: the zygote imported it with
+    one (PRELOAD_ONLY_ENV), and its pool is sized once, at import. Its own calls, found under the
+    names its builds export (numpy 2's scipy_openblas, ILP64 suffixes)."""
+    import ctypes
+
+    for path in _openblas_libraries():
+        try:
+            library = ctypes.CDLL(path)  # already loaded: the same library, not a second copy
+        except OSError:
+            continue
+        for name in ("openblas", "scipy_openblas"):
+            for suffix in ("", "64_", "_64"):
+                set_threads = getattr(library, f"{name}_set_num_threads{suffix}", None)
+                get_procs = getattr(library, f"{name}_get_num_procs{suffix}", None)
+                if set_threads is not None and get_procs is not None:
+                    set_threads(openblas_threads(env, get_procs()))
+                    break
+            else:
+                continue
+            break
+
+
+def become_rank(
+    request: ForkRequest, script: Script, stdin_fd: int, out_fd: int, zygote: int | None = None
+) -> int:
+    """Turn this forked child into the rank a plain `python [-u] SCRIPT` start would be; its exit code.
+    zygote: its parent's pid where the zygote leaves with its node process (Slurm): the rank then
+    dies with the zygote, which dies with that process."""
     import runpy
 
+    if zygote is not None and not procgroup.die_with_parent(zygote):
+        return 128 + signal.SIGKILL  # the zygote is already gone: so is the node process and its agents
     os.setsid()  # its own process group, as the agent's plain start gives (start_new_session)
     os.dup2(stdin_fd, 0)
     os.dup2(out_fd, 1)
@@ -133,6 +177,7 @@ def become_rank(request: ForkRequest, script: Script, stdin_fd: int, out_fd: int
     os.chdir(request.cwd)
     os.environ.clear()
     os.environ.update(request.env)
+    size_blas_pools(request.env)
     sys.argv = list(script.argv)
     # A plain start puts the script's directory first on sys.path; the zygote's first entry is its cwd.
     sys.path[0] = os.path.dirname(os.path.abspath(script.path))
@@ -175,8 +220,11 @@ class Zygote:
         env: Mapping[str, str],
         imported: Mapping[str, str],
         keep_s: float,
+        leaves_with: int | None = None,
     ) -> None:
         self.listener, self.path, self.keep_s = listener, path, keep_s
+        self.leaves_with = leaves_with  # the node process it dies with (and its ranks with it), if any
+        self.pid = os.getpid()
         self.inode = os.stat(path).st_ino  # the socket file is ours while this inode sits at `path`
         self.env = dict(env)  # as the node process gave it, before the imports
         self.imported = dict(imported)  # what the imports set in os.environ (a plain rank's do too)
@@ -297,7 +345,9 @@ class Zygote:
                 for fd in [self.listener.fileno(), *self.pids, *(c.fileno() for c in self.conns)]:
                     os.close(fd)
                 env = {**request.env, **{k: v for k, v in self.imported.items() if k not in request.env}}
-                code = become_rank(ForkRequest(request.program, env, request.cwd), script, fds[0], fds[1])
+                given = ForkRequest(request.program, env, request.cwd)
+                zygote = self.pid if self.leaves_with is not None else None
+                code = become_rank(given, script, fds[0], fds[1], zygote)
             finally:
                 os._exit(code)
         pidfd = os.pidfd_open(pid)
@@ -343,7 +393,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--keep-s", type=float, default=0.0, help="seconds it waits for the next agent once idle"
     )
+    parser.add_argument(
+        "--leave-with",
+        type=int,
+        metavar="PID",
+        help="the node process that started it: it and its ranks are killed once that one ends (Slurm)",
+    )
     args = parser.parse_args(argv)
+    # It ignores the stop signals (its agents stop the ranks), so under Slurm a step's tracker that
+    # lost it (its node process killed first, it reparented) would leave it and its ranks running.
+    if args.leave_with is not None and not procgroup.die_with_parent(args.leave_with):
+        return 0
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
     listener = listen(args.listen)  # before the imports: the agents queue while they run
@@ -352,7 +412,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     given = dict(os.environ)
     preload(given)
     imported = {k: v for k, v in os.environ.items() if given.get(k) != v}
-    Zygote(listener, args.listen, given, imported, args.keep_s).serve()
+    Zygote(listener, args.listen, given, imported, args.keep_s, args.leave_with).serve()
     return 0
 
 

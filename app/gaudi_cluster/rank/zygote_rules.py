@@ -26,6 +26,8 @@ KEY_PREFIXES = (
     "DS_",
     "DEEPSPEED",
     "OMP_",
+    "OPENBLAS_",
+    "GOTO_",
     "MKL_",
     "KMP_",
     "GOMP_",
@@ -49,15 +51,19 @@ BASIC_NAMES = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "USER", "LOGNAME", "TZ")
 _NOT_KEY_WORDS = ("TOKEN", "SECRET", "PASSWORD", "KEY")
 # The bundled workload's heaviest imports, in order: the Trainer's module is most of what a rank still
 # imported after the fork without it (1.8 s of 2.9 s: the models' code, accelerate, datasets).
-# numpy's OpenBLAS starts its thread pool at import unless OMP_NUM_THREADS/OPENBLAS_NUM_THREADS is 1,
-# and pyarrow's jemalloc its background thread unless told otherwise (PRELOAD_ONLY_ENV): with either
-# the guard refuses every fork.
+# numpy's OpenBLAS starts its thread pool at import, a thread per CPU unless a variable says fewer,
+# and pyarrow's jemalloc its background thread: with either the guard refuses every fork
+# (PRELOAD_ONLY_ENV keeps both off).
 CPU_PRELOAD = ("torch", "transformers", "deepspeed", "transformers.trainer")
 # Set for the zygote's own imports only, where the ranks' environment does not say otherwise, and
-# removed before any fork: a rank's environment stays what a plain start gives. A forked rank then
-# runs jemalloc without its background purging thread (a plain start's has one): purging happens in
-# the allocating threads instead.
-PRELOAD_ONLY_ENV = {"JE_ARROW_MALLOC_CONF": "background_thread:false"}
+# removed before any fork: a rank's environment stays what a plain start gives. A forked rank sizes
+# numpy's BLAS pool as a plain start would (openblas_threads). It runs jemalloc without its background
+# purging thread (a plain start's has one): purging happens in the allocating threads instead.
+# Without the first, a rank whose OMP_NUM_THREADS is not 1 (an HPU or GPU server's, where nothing
+# sets it, or CPU ranks that do not share their cores) was never forked, after waiting for the imports.
+PRELOAD_ONLY_ENV = {"OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false"}
+# OpenBLAS's own order: the first of these that is a positive count, else a thread per CPU it may use.
+OPENBLAS_COUNT_NAMES = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
 # Elsewhere only what is known fork-safe before a device is touched: `import deepspeed` picks its
 # accelerator at import (habana_frameworks on HPU, a CUDA query on GPUs), so the child imports it.
 DEVICE_PRELOAD = ("torch", "transformers")
@@ -100,6 +106,19 @@ def key_difference(zygote_env: Mapping[str, str], rank_env: Mapping[str, str]) -
 def preload_modules(env: Mapping[str, str]) -> tuple[str, ...]:
     """What the zygote imports: the whole bundled stack on CPU, torch and transformers elsewhere."""
     return CPU_PRELOAD if env.get("DS_ACCELERATOR") == "cpu" else DEVICE_PRELOAD
+
+
+def openblas_threads(env: Mapping[str, str], procs: int) -> int:
+    """The threads OpenBLAS gives itself at import under `env` on a node where it sees `procs` CPUs
+    (its blas_get_cpu_number): what a forked rank's pool is set back to."""
+    for name in OPENBLAS_COUNT_NAMES:
+        try:
+            count = int(env.get(name, "").strip())
+        except ValueError:
+            continue
+        if count > 0:
+            return max(1, min(count, procs))
+    return max(1, procs)
 
 
 def fork_refusal(threads: int, open_files: Sequence[str], modules: Sequence[str]) -> str | None:
