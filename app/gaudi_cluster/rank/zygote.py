@@ -177,7 +177,6 @@ def become_rank(
     os.chdir(request.cwd)
     os.environ.clear()
     os.environ.update(request.env)
-    size_blas_pools(request.env)
     sys.argv = list(script.argv)
     # A plain start puts the script's directory first on sys.path; the zygote's first entry is its cwd.
     sys.path[0] = os.path.dirname(os.path.abspath(script.path))
@@ -344,6 +343,9 @@ class Zygote:
                 self.selector.close()
                 for fd in [self.listener.fileno(), *self.pids, *(c.fileno() for c in self.conns)]:
                     os.close(fd)
+                # By the rank's own variables: its numpy's pool was sized at import, before the
+                # libraries' imports set theirs (accelerate sets OMP_NUM_THREADS).
+                size_blas_pools(request.env)
                 env = {**request.env, **{k: v for k, v in self.imported.items() if k not in request.env}}
                 given = ForkRequest(request.program, env, request.cwd)
                 zygote = self.pid if self.leaves_with is not None else None
