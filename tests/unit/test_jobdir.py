@@ -124,3 +124,27 @@ def test_the_temporary_file_is_never_one_that_was_there(tmp_path, monkeypatch):
         jobdir.write_private(directory, PAYLOAD)
     assert outside.read_text() == "theirs"
     assert not (directory / jobdir.PRIVATE_FILE).exists()
+
+
+def test_a_pid_file_is_never_seen_half_written(tmp_path):
+    """A reap reading a rank's pid file while its agent writes it must find the whole line: an empty
+    read (a plain write's truncation) would skip that rank and leave it running."""
+    import threading
+
+    path = tmp_path / "rank0.pid"
+    jobdir.write_pid_file(path, 100, 200)
+    stop = threading.Event()
+
+    def rewrite() -> None:
+        while not stop.is_set():
+            jobdir.write_pid_file(path, 100, 200)
+
+    writer = threading.Thread(target=rewrite)
+    writer.start()
+    try:
+        seen = {path.read_text() for _ in range(5_000)}
+    finally:
+        stop.set()
+        writer.join()
+    assert seen == {"100 200\n"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.pid"]  # no temporary left, none a *.pid

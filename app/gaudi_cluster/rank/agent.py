@@ -151,7 +151,7 @@ class RankAgent:
                 self.say(f"preimport: plain start, not from the node's zygote: {forked}")
             else:
                 self.child = forked
-                self.pid_file.write_text(f"{forked.pid} {os.getpid()}\n")
+                jobdir.write_pid_file(self.pid_file, forked.pid, os.getpid())
                 self.say("preimport: forked from the node's zygote")
                 return
         import subprocess
@@ -166,7 +166,7 @@ class RankAgent:
             start_new_session=True,
         )
         # "<process group> <agent pid>": what `gaudi-cluster reap` needs to end this job and only it.
-        self.pid_file.write_text(f"{self.child.pid} {os.getpid()}\n")
+        jobdir.write_pid_file(self.pid_file, self.child.pid, os.getpid())
 
     def stop_child(self, reason: str, grace_s: float) -> None:
         """Stop the rank's whole process group (once), with grace_s to save and exit."""

@@ -122,6 +122,14 @@ def write_private_file(target: Path, text: str) -> Path:
     return target
 
 
+def write_pid_file(path: Path, group: int, agent: int) -> None:
+    """A rank's pid file, "<process group> <agent pid>" (what a reap ends), whole or not at all: a
+    reap (or anyone) reading it mid-write would find it empty and skip the rank."""
+    temporary = path.with_name(f".{path.name}.tmp")  # one writer per rank; not a *.pid a reap reads
+    temporary.write_text(f"{group} {agent}\n")
+    os.replace(temporary, path)
+
+
 def write_private(directory: Path, payload: PrivatePayload) -> Path:
     return write_private_file(directory / PRIVATE_FILE, payload.to_json())
 
