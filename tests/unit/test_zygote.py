@@ -209,6 +209,23 @@ def test_a_forked_rank_sees_what_a_plain_start_gives(tmp_path, dump_script):
     assert first["random"] != second["random"] and first["torch_seed"] != second["torch_seed"]
 
 
+def fork_one(tmp_path: Path, script: Path, env: dict[str, str]) -> dict:
+    """`python SCRIPT` forked as rank `env` by a zygote of its settings (not refused: it had one thread
+    still), exit 0; the JSON it printed. The zygote leaves once its agent has."""
+    server, path = serve(tmp_path, {k: v for k, v in env.items() if k not in ("RANK", "LOCAL_RANK")})
+    link = zygote_client.ZygoteLink((connect_agents(path, 1) or [])[0])
+    try:
+        assert link.wait_ready() is None
+        child = link.start([PY, str(script)], env, str(tmp_path))
+        assert isinstance(child, zygote_client.ZygoteChild), child
+        printed = json.loads(child.stdout.read())  # type: ignore[union-attr]
+        assert child.wait() == 0
+    finally:
+        link.close()
+    assert server.wait(timeout=60) == 0
+    return printed
+
+
 def test_the_cpu_zygote_preimports_the_trainer_and_still_forks_with_the_ranks_own_environment(tmp_path):
     """The bundled workload's Trainer stack (pyarrow among it, whose jemalloc would start a thread) is
     imported before the fork, and the setting that keeps that thread off never reaches the rank."""
@@ -220,19 +237,7 @@ def test_the_cpu_zygote_preimports_the_trainer_and_still_forks_with_the_ranks_ow
         "                  'env': sorted(n for n in os.environ if n.startswith(('JE_', 'ARROW_')))}))\n"
     )
     env = {**_rank_env(tmp_path, 0, "z"), "DS_ACCELERATOR": "cpu"}
-    zygote_env = {k: v for k, v in env.items() if k not in ("RANK", "LOCAL_RANK")}
-    server, path = serve(tmp_path, zygote_env)
-    link = zygote_client.ZygoteLink((connect_agents(path, 1) or [])[0])
-    try:
-        assert link.wait_ready() is None
-        child = link.start([PY, str(script)], env, str(tmp_path))
-        assert isinstance(child, zygote_client.ZygoteChild), child  # not refused: one thread still
-        seen = json.loads(child.stdout.read())  # type: ignore[union-attr]
-        assert child.wait() == 0
-    finally:
-        link.close()
-    assert server.wait(timeout=60) == 0
-    assert seen == {"trainer": True, "arrow": True, "env": []}
+    assert fork_one(tmp_path, script, env) == {"trainer": True, "arrow": True, "env": []}
 
 
 THREADS = """
@@ -250,17 +255,7 @@ def test_a_rank_whose_omp_threads_are_not_one_is_forked_with_a_plain_starts_blas
     script.write_text(THREADS)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "OPENBLAS_", "GOTO_", "DS_"))}
     env |= {"RANK": "0", "LOCAL_RANK": "0"}
-    server, path = serve(tmp_path, {k: v for k, v in env.items() if k not in ("RANK", "LOCAL_RANK")})
-    link = zygote_client.ZygoteLink((connect_agents(path, 1) or [])[0])
-    try:
-        assert link.wait_ready() is None
-        child = link.start([PY, str(script)], env, str(tmp_path))
-        assert isinstance(child, zygote_client.ZygoteChild), child  # not refused: one thread still
-        forked = json.loads(child.stdout.read())  # type: ignore[union-attr]
-        assert child.wait() == 0
-    finally:
-        link.close()
-    assert server.wait(timeout=60) == 0
+    forked = fork_one(tmp_path, script, env)
     plain = subprocess.run(
         [PY, str(script)], check=True, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
     )

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from gaudi_cluster.env import presets
-from gaudi_cluster.errors import ConfigError
+from gaudi_cluster.errors import ConfigError, GaudiClusterError, error_line, exit_code_for, quoted
 from gaudi_cluster.nodes import devices
 from gaudi_cluster.rank import jobdir
 from gaudi_cluster.settings import profiles
@@ -343,7 +343,7 @@ def run(
 def parser(prog: str) -> argparse.ArgumentParser:
     from gaudi_cluster.settings.usage import OneLineParser, add_job_root_flag, examples
 
-    found = OneLineParser(
+    probe_parser = OneLineParser(
         prog=prog,
         description=(
             "Print one JSON line describing this node: hostname, python, accelerator and slots, package "
@@ -352,35 +352,38 @@ def parser(prog: str) -> argparse.ArgumentParser:
         ),
         epilog=examples(f"{prog} --json", f"{prog} --accelerator hpu --path /w/run.py"),
     )
-    found.add_argument("--json", action="store_true", help="print JSON (the only format)")
-    found.add_argument("--path", action="append", default=[], help="a path that must exist here; repeatable")
-    found.add_argument(
+    probe_parser.add_argument("--json", action="store_true", help="print JSON (the only format)")
+    probe_parser.add_argument(
+        "--path", action="append", default=[], help="a path that must exist here; repeatable"
+    )
+    probe_parser.add_argument(
         "--accelerator", default=AUTO, choices=(AUTO, *Accelerator), help="device kind; default auto"
     )
-    found.add_argument("--slots", type=_slot_count, default=None, help="ranks per node on cpu; default 1")
-    found.add_argument("--check-efa", action="store_true", help="also run fi_info -p efa")
-    found.add_argument(
+    probe_parser.add_argument(
+        "--slots", type=_slot_count, default=None, help="ranks per node on cpu; default 1"
+    )
+    probe_parser.add_argument("--check-efa", action="store_true", help="also run fi_info -p efa")
+    probe_parser.add_argument(
         "--check-fabric",
         action="store_true",
         help="on an HPU node, also run fi_info -p efa and -p verbs (with the ranks' LD_LIBRARY_PATH)",
     )
-    found.add_argument(
+    probe_parser.add_argument(
         "--stage", metavar="JOB_ID", help="create this job's directory, private file from stdin"
     )
-    found.add_argument("--output-dir", help="report the free space where the job will write")
-    found.add_argument(
+    probe_parser.add_argument("--output-dir", help="report the free space where the job will write")
+    probe_parser.add_argument(
         "--srun-task",
         action="store_true",
         help="a task of the master's srun step: name this node first; --stage takes its own payload",
     )
-    add_job_root_flag(found)
-    found.add_argument("-v", "--verbose", action="store_true", help="accepted as every command does")
-    return found
+    add_job_root_flag(probe_parser)
+    probe_parser.add_argument("-v", "--verbose", action="store_true", help="accepted as every command does")
+    return probe_parser
 
 
 def _slot_count(value: str) -> int:
     """--slots: a count, echoed quoted and cut when refused."""
-    from gaudi_cluster.errors import quoted
     from gaudi_cluster.settings.host_names import MAX_SLOTS
 
     try:
@@ -395,13 +398,11 @@ def _slot_count(value: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m gaudi_cluster.nodes.probe") -> int:
-    from gaudi_cluster.errors import GaudiClusterError, error_line, exit_code_for, quoted
-
     try:
-        found = parser(prog)
-        args, extra = found.parse_known_args(sys.argv[1:] if argv is None else argv)
+        probe_parser = parser(prog)
+        args, extra = probe_parser.parse_known_args(sys.argv[1:] if argv is None else argv)
         if extra:  # quoted as the CLI's other commands name them
-            found.error(f"unrecognized arguments: {' '.join(quoted(word) for word in extra)}")
+            probe_parser.error(f"unrecognized arguments: {' '.join(quoted(word) for word in extra)}")
         job_root = args.job_root or ""  # read only to stage, and the master always names it then
         if args.stage and not job_root:
             from gaudi_cluster.settings.flags import resolve_setting  # flag > variable > default

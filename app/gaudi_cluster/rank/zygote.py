@@ -143,16 +143,20 @@ def size_blas_pools(env: Mapping[str, str]) -> None:
             library = ctypes.CDLL(path)  # already loaded: the same library, not a second copy
         except OSError:
             continue
-        for name in ("openblas", "scipy_openblas"):
-            for suffix in ("", "64_", "_64"):
-                set_threads = getattr(library, f"{name}_set_num_threads{suffix}", None)
-                get_procs = getattr(library, f"{name}_get_num_procs{suffix}", None)
-                if set_threads is not None and get_procs is not None:
-                    set_threads(openblas_threads(env, get_procs()))
-                    break
-            else:
-                continue
-            break
+        calls = (
+            (
+                getattr(library, f"{name}_set_num_threads{suffix}", None),
+                getattr(library, f"{name}_get_num_procs{suffix}", None),
+            )
+            for name in ("openblas", "scipy_openblas")
+            for suffix in ("", "64_", "_64")
+        )
+        found = next(
+            ((set_threads, get_procs) for set_threads, get_procs in calls if set_threads and get_procs), None
+        )
+        if found is not None:
+            set_threads, get_procs = found
+            set_threads(openblas_threads(env, get_procs()))
 
 
 def become_rank(
