@@ -399,6 +399,32 @@ def test_the_relay_reaps_at_the_stops_deadline_not_at_its_next_tick(cluster, mon
     assert not hosted.thread.is_alive()
 
 
+def test_a_node_process_ending_while_its_relay_reaps_waits_for_the_relays_word(cluster, monkeypatch):
+    """Issue 37's killed-worker race: on the master's own node the node process ends its relay as soon
+    as its agents have exited. After the stop that may fall while the relay is still reaping: the relay
+    must not close the master's link before its word that the node is reaped has gone out, or the
+    master reaps the node itself. A slow reap (as under load) makes the window wide here."""
+    real_reap = node_relay.reap.reap_dir
+
+    def slow_reap(job_dir: Path, keep: object = ()) -> list[int]:
+        time.sleep(1.0)
+        return real_reap(job_dir, keep=keep)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(node_relay.reap, "reap_dir", slow_reap)
+    server, agent, job_dir = cluster
+    hosted = relay_host.host(JOB, job_dir.parent, f"127.0.0.1:{server.port}", 30.0, 10.0)
+    assert hosted is not None
+    agents = [agent(rank, "sleep 60") for rank in range(2)]
+    assert len(take(server, 2)) == 2
+    server.stop_all(0.0)
+    assert [process.wait(timeout=10) for process in agents] == [128 + signal.SIGKILL] * 2
+    hosted.end()  # what launch/node does once its agents are done: the reap is still under way
+    assert server.reaped_by_relays(5.0) == {NODE}
+    assert not hosted.thread.is_alive()
+    log = (job_dir / relay_join.LOG_NAME).read_text()
+    assert "ended: the node reaped after the master's stop" in log, log
+
+
 def test_no_reap_is_awaited_without_a_stop(cluster):
     server, agent, _ = cluster
     agent(0, "sleep 60")

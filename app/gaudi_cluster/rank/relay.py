@@ -85,7 +85,10 @@ class Relay:
         self.ending = ""  # why the relay ends: the first reason given to end()
         self.listening = threading.Event()
         self.reap_by: float | None = None  # once the master said stop: when the relay reaps the rest
-        self.reaped = False
+        # The reap after the stop: begun (once), and done with its word sent to the master. The
+        # relay's end waits for the second: closing the master's link first would drop that word.
+        self.reaping = False
+        self.reaped = threading.Event()
         self.said_to: TextIO | None = None  # its lines' stream: stdout (the relay's log) unless set
 
     def say(self, text: str) -> None:
@@ -220,17 +223,20 @@ class Relay:
             links = [*self.links.values(), *self.joining.values()]
             late = at_deadline or (self.reap_by is not None and time.monotonic() >= self.reap_by)
             due = self.reap_by is not None and (not links or late)
-            if not due or self.reaped:
+            if not due or self.reaping:
                 return
-            self.reaped = True
-        killed = reap.reap_dir(self.job_dir, keep={PID_NAME})
-        agents = {link.pid for link in links if link.pid and link.pid != os.getpid()}  # none in this process
-        for pid in agents:  # an agent that did not end (no pid file yet)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-        if self.master is not None and not self.master.closed:
-            self.send_master(messages.Reaped(len(killed)))
+            self.reaping = True
+        try:
+            killed = reap.reap_dir(self.job_dir, keep={PID_NAME})
+            agents = {link.pid for link in links if link.pid and link.pid != os.getpid()}  # none here
+            for pid in agents:  # an agent that did not end (no pid file yet)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+            if self.master is not None and not self.master.closed:
+                self.send_master(messages.Reaped(len(killed)))
+        finally:  # a reap that failed must not hold the relay's end
+            self.reaped.set()
         self.end(f"the node reaped after the master's stop ({len(killed)} killed)")
 
     def _say_left_clean(self) -> None:
@@ -240,7 +246,7 @@ class Relay:
         file (its rank may live on): that node is left to the master's reap."""
         assert self.master is not None
         with self.lock:
-            if self.reaped or self.links or self.joining or self.master.closed:
+            if self.reaping or self.links or self.joining or self.master.closed:
                 return
         if any(path.name != PID_NAME for path in self.job_dir.glob("*.pid")):
             return
@@ -385,6 +391,8 @@ class Relay:
                 with contextlib.suppress(OSError):
                     (self.job_dir / PID_NAME).unlink()
             if self.master is not None:
+                if self.reaping:  # ended meanwhile (its node process, the master's link): word first
+                    self.reaped.wait(CLOSE_WAIT_S)
                 self._say_left_clean()
                 self._close_master(reader)
             self._say_end()
@@ -412,7 +420,7 @@ class Relay:
         deadline = time.monotonic() + timeout_s
         while not self.done.is_set() and time.monotonic() < deadline:
             with self.lock:
-                if not self.links and not self.joining and (self.reap_by is None or self.reaped):
+                if not self.links and not self.joining and (self.reap_by is None or self.reaped.is_set()):
                     break
             time.sleep(IDLE_POLL_S)
         else:
