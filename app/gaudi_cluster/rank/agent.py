@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gaudi_cluster.rank import agent_beat, jobdir, procgroup, relay_join
+from gaudi_cluster.rank import agent_beat, jobdir, procgroup, relay_join, shared_pipe
 from gaudi_cluster.rank.conventions import (
     SHM_DIR,
     deepspeed_shm_buffer,
@@ -186,7 +186,8 @@ class RankAgent:
     def _emit(self, lines: list[bytes]) -> None:
         texts = [line.decode(errors="replace") for line in lines]
         self.tail.extend(texts)
-        out = b"".join(self.prefix + line + b"\n" for line in lines)
+        prefixed = [self.prefix + line + b"\n" for line in lines]
+        out = b"".join(prefixed)
         with contextlib.suppress(OSError):
             self._log.write(out)
             self._log.flush()
@@ -200,8 +201,7 @@ class RankAgent:
             return
         if self._stdout_ok:
             try:
-                sys.stdout.buffer.write(out)
-                sys.stdout.buffer.flush()
+                shared_pipe.write_lines(sys.stdout.buffer, prefixed)
             except (BrokenPipeError, OSError):
                 # The launcher's ssh session is gone; keep running under the control channel's
                 # supervision and keep the local log.
