@@ -36,6 +36,7 @@ from bench import (
     launch,
     report,
     report_scale,
+    restart,
     save,
     scale,
     slurm_launch,
@@ -65,6 +66,7 @@ SUITE: dict[str, tuple[Callable[[Ctx], list[Row]], float, float, bool]] = {
     # check-in-only runs and the soak (SWARM_SOAK_S) on top
     "swarm": (swarm.run, swarm.BUDGET_S, 120, False),
     "elastic": (elastic.run, 900, 400, True),  # a node killed -> next attempt's first step, ours vs torchrun
+    "restart": (restart.run, 300, 120, True),  # a rank killed -> next first step, zygote warm vs off
     "slurm": (slurm_launch.run, 600, 300, True),  # 32 and 64 Slurm test nodes: ours (srun steps) vs srun
 }
 # The whole suite's budget: every share in full (about 59 min on 2 cores).
