@@ -295,6 +295,35 @@ def test_no_preimport_and_its_variable_turn_the_zygote_off_on_every_node():
         assert [node.spec.preimport for node in launch.nodes] == [wanted, wanted]
 
 
+def test_the_zygotes_socket_appears_only_once_it_listens(tmp_path, monkeypatch):
+    """A node process connects as soon as the socket's file is there: one bound but not yet listening
+    refused it, and that node's ranks started plainly (seen in CI under load). A second zygote of the
+    same settings finds the name taken and leaves the first's socket as it was."""
+    from gaudi_cluster.rank import zygote
+
+    path = tmp_path / "z.sock"
+    seen_at_listen: list[bool] = []
+    real_listen = socket.socket.listen
+
+    def watched_listen(self: socket.socket, *args: int) -> None:
+        seen_at_listen.append(path.exists())
+        real_listen(self, *args)
+
+    monkeypatch.setattr(socket.socket, "listen", watched_listen)
+    first = zygote.listen(str(path))
+    assert first is not None and seen_at_listen == [False]
+    try:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        inode = path.stat().st_ino
+        assert zygote.listen(str(path)) is None
+        assert path.stat().st_ino == inode
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["z.sock"]  # no private name left
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as agent:
+            agent.connect(str(path))
+    finally:
+        first.close()
+
+
 def test_a_node_starts_no_zygote_for_a_program_it_could_not_fork():
     from gaudi_cluster.launch.launchers import plan_for
     from gaudi_cluster.launch.node import wants_zygote

@@ -379,17 +379,24 @@ class Zygote:
 
 
 def listen(path: str) -> socket.socket | None:
-    """The zygote's socket at `path` (mode 0600), or None when another zygote holds that name."""
+    """The zygote's socket at `path` (mode 0600), or None when another zygote holds that name.
+
+    It is bound and listening under a private name first and then linked to `path`: a node process
+    that sees the file connects at once, and a socket bound but not yet listening refuses it."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    private = f"{path}.{os.getpid()}.new"
     old = os.umask(0o177)
     try:
-        listener.bind(path)
+        listener.bind(private)
+        listener.listen(64)
+        os.link(private, path)  # atomic, and fails where a zygote of the same settings already is
     except OSError:
         listener.close()
         return None
     finally:
         os.umask(old)
-    listener.listen(64)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(private)
     return listener
 
 
