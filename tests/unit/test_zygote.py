@@ -3,6 +3,7 @@ gives it, and the zygote kept warm for the next attempt."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -406,6 +407,21 @@ def test_the_next_attempt_finds_the_zygote_warm_and_other_settings_retire_it(
     newer = _peer_pid(other.conns[0])
     other.conns[0].close()
     os.kill(newer, signal.SIGKILL)  # warm for 120 s otherwise
+
+
+def test_a_zygote_that_never_listens_turns_the_preimport_off_and_says_why(node_temp, tmp_path, capsys):
+    """Its interpreter fails at once: the ranks start plainly, and the node's line names the status
+    and the zygote's log, which holds what it printed."""
+    env = {k: v for k, v in _rank_env(tmp_path, 0, "f").items() if k not in ("RANK", "LOCAL_RANK")}
+    broken = tmp_path / "python"
+    broken.write_text("#!/bin/sh\necho cannot start >&2\nexit 3\n")
+    broken.chmod(0o755)
+    spec = dataclasses.replace(_node_spec(tmp_path, keep_s=0), python=str(broken))
+    assert start_zygote(spec, env, 1) is None
+    line = capsys.readouterr().out.strip()
+    assert "preimport off: the zygote did not open" in line and "(it exited with status 3;" in line
+    log = Path(line.rsplit("its log: ", 1)[1].rstrip(")"))
+    assert log.read_text() == "cannot start\n"
 
 
 def test_with_keep_0_the_zygote_leaves_with_its_agents(node_temp, tmp_path):

@@ -104,8 +104,9 @@ def wants_zygote(spec: NodeSpec) -> bool:
     return spec.preimport and not isinstance(script_of(program_of(spec), spec.python), str)
 
 
-# How long a node process waits for the zygote it started to open its socket (an interpreter start).
-LISTEN_WAIT_S = 10.0
+# How long a node process waits for the zygote it started to open its socket: an interpreter start,
+# which a plain start of the ranks would spend again, so only a zygote that hangs should reach it.
+LISTEN_WAIT_S = 30.0
 # How long the relay it runs keeps trying the master's control channel (an agent's default too).
 RELAY_CONNECT_S = 30.0
 
@@ -161,7 +162,16 @@ def start_zygote(spec: NodeSpec, env: Mapping[str, str], ranks: int) -> Zygote |
         time.sleep(0.02)
     conns = connect_agents(path, ranks)
     if conns is None:
-        print(f"gaudi-cluster[node]: preimport off: the zygote did not open {path}", flush=True)
+        code = process.poll()
+        if code is not None:
+            why = f"it exited with status {code}"
+        else:
+            why = "it refused the connection" if path.exists() else f"not within {LISTEN_WAIT_S:g} s"
+        print(
+            f"gaudi-cluster[node]: preimport off: the zygote did not open {path} ({why}; its log: "
+            f"{place / f'{name}.log'})",
+            flush=True,
+        )
         return None
     return Zygote(None if spec.preimport_keep_s > 0 else process, conns)
 
