@@ -425,6 +425,24 @@ def test_a_node_process_ending_while_its_relay_reaps_waits_for_the_relays_word(c
     assert "ended: the node reaped after the master's stop" in log, log
 
 
+def test_the_relays_reap_is_in_its_log_before_the_master_hears_it(cluster, monkeypatch):
+    """On the master's own node the supervisor kills the launcher's group, the node process hosting
+    the relay among them, as soon as every relay's word is in: the relay's last line would be lost, so
+    its reap is logged before the word goes out (its last line never comes here)."""
+    monkeypatch.setattr(node_relay.Relay, "_say_end", lambda self: None)
+    server, agent, job_dir = cluster
+    hosted = relay_host.host(JOB, job_dir.parent, f"127.0.0.1:{server.port}", 30.0, 10.0)
+    assert hosted is not None
+    agents = [agent(rank, "sleep 60") for rank in range(2)]
+    assert len(take(server, 2)) == 2
+    server.stop_all(0.0)
+    assert server.reaped_by_relays(10.0) == {NODE}
+    log = (job_dir / relay_join.LOG_NAME).read_text()
+    assert "the node reaped after the master's stop (" in log, log
+    assert [process.wait(timeout=10) for process in agents] == [128 + signal.SIGKILL] * 2
+    hosted.end()
+
+
 def test_no_reap_is_awaited_without_a_stop(cluster):
     server, agent, _ = cluster
     agent(0, "sleep 60")

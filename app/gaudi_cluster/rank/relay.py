@@ -233,11 +233,14 @@ class Relay:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
                     killed.append(pid)
+            # Logged before the master hears it: on the master's own node the supervisor kills this
+            # process (the launcher's group) as soon as every relay's word is in.
+            self.say(f"the node reaped after the master's stop ({len(killed)} killed)")
             if self.master is not None and not self.master.closed:
                 self.send_master(messages.Reaped(len(killed)))
         finally:  # a reap that failed must not hold the relay's end
             self.reaped.set()
-        self.end(f"the node reaped after the master's stop ({len(killed)} killed)")
+        self.end("the node reaped after the master's stop")
 
     def _say_left_clean(self) -> None:
         """Ending on its own, before any stop (every agent exited: a rank that failed first, a node
