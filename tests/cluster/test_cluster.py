@@ -483,6 +483,11 @@ def test_a_rank_forked_by_the_zygote_sees_what_a_plain_start_gives(pair):
         for field in ("env", "argv", "cwd", "path", "name", "host"):
             assert forked[field] == plain[field], (rank, field)
         assert forked["env"]["RANK"] == str(rank)
+        # ps, pgrep -f: the forked rank's command line reads as the plain start's (one line where the
+        # words did not fit the zygote's argument area), not as its zygote's.
+        words = plain["cmdline"].rstrip("\0").split("\0")
+        assert forked["cmdline"].rstrip("\0").split("\0") in (words, [" ".join(words)]), forked["cmdline"]
+        assert words[-3:] == ["/workspace/user/rankview.py", "--note", "two words"], words
         assert forked["argv"] == ["/workspace/user/rankview.py", "--note", "two words"]
     assert len({r["torch_seed"] for r in seen["1"]}) == 6  # every rank seeded afresh
 

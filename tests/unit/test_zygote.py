@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from gaudi_cluster.launch.node import connect_agents, start_zygote, zygote_place
 from gaudi_cluster.rank import zygote_client
+from gaudi_cluster.rank.cmdline import StartStrings, laid_out
 from gaudi_cluster.rank.zygote_rules import (
     CPU_PRELOAD,
     DEVICE_PRELOAD,
@@ -137,7 +138,8 @@ print("out", os.environ["RANK"])
 sys.stderr.write("err\\n")
 state = {"env": dict(os.environ), "argv": sys.argv, "cwd": os.getcwd(), "path": sys.path,
          "name": __name__, "own_group": os.getpgid(0) == os.getpid(), "stdin": sys.stdin.read(),
-         "random": random.random(), "torch_seed": torch.initial_seed()}
+         "random": random.random(), "torch_seed": torch.initial_seed(),
+         "cmdline": open("/proc/self/cmdline", "rb").read().decode()}
 with open(os.environ["DUMP"], "w") as f:
     json.dump(state, f)
 sys.exit(int(os.environ["RANK"]))  # rank 0: a clean exit, status 0
@@ -206,8 +208,36 @@ def test_a_forked_rank_sees_what_a_plain_start_gives(tmp_path, dump_script):
         for field in ("env", "argv", "cwd", "path", "name", "own_group", "stdin"):
             assert z[field] == p[field], field
         assert z["argv"] == [str(dump_script), "--lr", "1", "x y"] and z["own_group"]
+        assert p["cmdline"] == "\0".join(program) + "\0"
+        assert shown(z["cmdline"]) in (program, [" ".join(program)]), z["cmdline"]  # what ps shows
     first, second = (json.loads((tmp_path / f"z{rank}.json").read_text()) for rank in (0, 1))
     assert first["random"] != second["random"] and first["torch_seed"] != second["torch_seed"]
+
+
+def shown(cmdline: str) -> list[str]:
+    """A command line's words as ps reads /proc/PID/cmdline: NUL-separated, trailing NULs dropped."""
+    return cmdline.rstrip("\0").split("\0")
+
+
+def test_a_forked_ranks_command_line_is_laid_over_the_zygotes_strings():
+    """Where the rank's words fit the zygote's argument area they stay words (the area's last byte
+    NUL); otherwise one line runs on over the environment strings, cut to fit (its last byte not NUL
+    within the argument area: the kernel then reads on); where no environment follows, the argument
+    area alone takes it."""
+    strings = StartStrings(1000, 1020, 1020, 1100)
+    assert strings.room == 100
+    fits = laid_out(["python", "-u", "t.py"], strings)
+    assert len(fits) == 100 and shown(fits.decode()) == ["python", "-u", "t.py"] and fits[19] == 0
+    words = ["/opt/venv/bin/python3", "-u", "/workspace/train.py", "--lr", "0.1"]
+    line = laid_out(words, strings)
+    assert len(line) == 100 and line[19] != 0 and line.rstrip(b"\0") == " ".join(words).encode()
+    longer = laid_out([*words, "--output_dir", "/x" * 60], strings)
+    assert len(longer) == 100 and longer[:99] == " ".join([*words, "--output_dir", "/x" * 60]).encode()[:99]
+    assert longer[99] == 0
+    apart = StartStrings(1000, 1020, 5000, 5100)
+    assert apart.room == 20
+    cut = laid_out(words, apart)
+    assert len(cut) == 20 and cut == " ".join(words).encode()[:19] + b"\0"
 
 
 def fork_one(tmp_path: Path, script: Path, env: dict[str, str]) -> dict:

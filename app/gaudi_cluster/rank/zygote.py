@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
-from gaudi_cluster.rank import procgroup
+from gaudi_cluster.rank import cmdline, procgroup
 from gaudi_cluster.rank.zygote_rules import (
     PRELOAD_ONLY_ENV,
     ForkReply,
@@ -181,6 +181,7 @@ def become_rank(
     os.chdir(request.cwd)
     os.environ.clear()
     os.environ.update(request.env)
+    cmdline.show(request.program)  # over the zygote's strings: after the environment moved off them
     sys.argv = list(script.argv)
     # A plain start puts the script's directory first on sys.path; the zygote's first entry is its cwd.
     sys.path[0] = os.path.dirname(os.path.abspath(script.path))

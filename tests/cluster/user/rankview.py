@@ -15,6 +15,8 @@ import transformers.trainer  # noqa: F401
 
 with open(f"/proc/{os.getppid()}/cmdline", "rb") as handle:
     parent = handle.read().split(b"\0")
+with open("/proc/self/cmdline", "rb") as handle:
+    own_cmdline = handle.read().decode()
 with open(
     os.path.join(os.environ.get("RESULT_DIR", "/workspace/shared"), f"view-{os.environ['RANK']}.json"), "w"
 ) as out:
@@ -27,6 +29,7 @@ with open(
             "name": __name__,
             "host": socket.gethostname(),
             "forked": b"gaudi_cluster.rank.zygote" in parent,
+            "cmdline": own_cmdline,  # what ps shows of this rank
             "torch_seed": torch.initial_seed(),
         },
         out,
