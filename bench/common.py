@@ -373,6 +373,34 @@ class Ctx:
         return time.time() + estimate <= self.deadline
 
 
+def interleaved(
+    ctx: Ctx, bench: str, sides: Sequence[str], scenario: Callable[[str], dict], said: Callable[[dict], str]
+) -> tuple[dict[str, list[dict]], list[str]]:
+    """Each side's scenario `ctx.reps(2)` times, the sides interleaved and the first alternating per
+    repetition (so a drift in the host's speed falls on both), while the bench's time share lasts.
+    Returns each side's results and what failed or was left out; `said` words one result for the log."""
+    reps = ctx.reps(2)
+    results: dict[str, list[dict]] = {who: [] for who in sides}
+    errors: list[str] = []
+    last = 0.0
+    for rep in range(reps):
+        for who in sides if rep % 2 == 0 else sides[::-1]:
+            if last and not ctx.can_start(last):
+                errors.append(f"time budget: {who} repetition {rep + 1} not run")
+                continue
+            log(f"{bench}: {who} (repetition {rep + 1}/{reps})")
+            began = time.time()
+            try:
+                result = scenario(who)
+                results[who].append(result)
+                log(f"{bench}: {who}: {said(result)}")
+            except Exception as exc:
+                errors.append(f"{who}: {str(exc)[:800]}")
+                log(f"{bench}: {who} failed: {str(exc)[:800]}")
+            last = time.time() - began
+    return results, errors
+
+
 def budget_note(done: int, planned: int) -> str:
     return f"time budget: {done} of {planned} planned runs" if done < planned else ""
 

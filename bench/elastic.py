@@ -23,7 +23,7 @@ from pathlib import Path
 
 from gaudi_cluster_dev.localcluster import LocalCluster
 
-from bench.common import EVENT_PREFIX, Ctx, Row, Streamed, Target, failed_row, log, stat
+from bench.common import EVENT_PREFIX, Ctx, Row, Streamed, Target, failed_row, interleaved, stat
 from bench.nodes import DS_CPU, RUN_CLM, bring_up_held, new_cluster, prepare_raw_env
 
 CAP = 300.0
@@ -131,25 +131,13 @@ def scenario(ctx: Ctx, who: str) -> dict:
 
 
 def run(ctx: Ctx) -> list[Row]:
-    reps = ctx.reps(2)
-    results: dict[str, list[dict]] = {"ours": [], "torchrun": []}
-    errors: list[str] = []
-    last = 0.0
-    for rep in range(reps):
-        for who in ("ours", "torchrun") if rep % 2 == 0 else ("torchrun", "ours"):  # interleaved
-            if last and not ctx.can_start(last):
-                errors.append(f"time budget: {who} repetition {rep + 1} not run")
-                continue
-            log(f"elastic: {who} (repetition {rep + 1}/{reps})")
-            began = time.time()
-            try:
-                result = scenario(ctx, who)
-                results[who].append(result)
-                log(f"elastic: {who}: fault → next attempt's first step {result['resumed_s']}")
-            except Exception as exc:
-                errors.append(f"{who}: {str(exc)[:800]}")
-                log(f"elastic: {who} failed: {str(exc)[:800]}")
-            last = time.time() - began
+    results, errors = interleaved(
+        ctx,
+        "elastic",
+        ("ours", "torchrun"),
+        lambda who: scenario(ctx, who),
+        lambda result: f"fault → next attempt's first step {result['resumed_s']}",
+    )
     figure = "Worker docker kill mid-run → first training step on the nodes left (ours vs torchrun elastic)"
     if not results["ours"]:
         return [failed_row("elastic.kill_to_next_step", figure, "; ".join(errors) or "no run")]

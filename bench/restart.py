@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from bench.common import Ctx, Row, Streamed, Target, failed_row, log, stat
+from bench.common import Ctx, Row, Streamed, Target, failed_row, interleaved, stat
 from bench.elastic import first_steps_of_our_attempts
 from bench.nodes import bring_up_held, job_argv, new_cluster
 
@@ -60,25 +60,13 @@ def scenario(ctx: Ctx, who: str) -> dict:
 
 
 def run(ctx: Ctx) -> list[Row]:
-    reps = ctx.reps(2)
-    results: dict[str, list[dict]] = {who: [] for who in WHO}
-    errors: list[str] = []
-    last = 0.0
-    for rep in range(reps):
-        for who in WHO if rep % 2 == 0 else WHO[::-1]:  # interleaved, alternating who goes first
-            if last and not ctx.can_start(last):
-                errors.append(f"time budget: {who} repetition {rep + 1} not run")
-                continue
-            log(f"restart: zygote {who} (repetition {rep + 1}/{reps})")
-            began = time.time()
-            try:
-                result = scenario(ctx, who)
-                results[who].append(result)
-                log(f"restart: zygote {who}: kill → next attempt's first step {result['restarted_s']}")
-            except Exception as exc:
-                errors.append(f"{who}: {str(exc)[:800]}")
-                log(f"restart: zygote {who} failed: {str(exc)[:800]}")
-            last = time.time() - began
+    results, errors = interleaved(
+        ctx,
+        "restart: zygote",
+        WHO,
+        lambda who: scenario(ctx, who),
+        lambda result: f"kill → next attempt's first step {result['restarted_s']}",
+    )
     figure = "A rank killed mid-run → the next attempt's first step, 3 nodes (ours: zygote warm vs off)"
     if not results["warm"]:
         return [failed_row("restart.rank_kill_to_next_step", figure, "; ".join(errors) or "no run")]
