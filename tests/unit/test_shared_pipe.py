@@ -64,14 +64,17 @@ def read_all(fd: int) -> bytes:
 def test_two_agents_on_one_launch_pipe_never_break_each_others_lines(tmp_path, monkeypatch):
     """The real agents under the master's supervisor (the deepspeed launcher's shape: every agent of a
     node writes to one session's pipe), the master's console slow so that the pipe stays full: rank 1's
-    lines, written while rank 0 floods, each reach rank 1's file whole, and rank 0's stay whole too.
+    lines, written while rank 0 floods, reach rank 1's file whole, and rank 0's stay whole too.
     Before, an agent wrote up to 64 KB at once and the kernel split it around rank 1's line: rank 1's
-    file was missing in 4 of 5 runs and rank 0's held broken lines."""
+    file was missing in 4 of 5 runs and rank 0's held broken lines. How many of rank 1's lines get
+    through depends on the host's pace: an agent still writing 5 s after its rank ended drops the rest
+    of the launch pipe's share (its own log on the node keeps them, rank/agent.py)."""
     monkeypatch.setattr("tests.unit.test_supervise.io.StringIO", SlowConsole)
     ticks = "; ".join(["sleep 0.2; echo done"] * 5)
     outcome, _out, _, _ = supervise(tmp_path, [FLOOD, ticks])
     assert outcome.exit_code == 0
-    assert (tmp_path / "ranks" / "rank-1.log").read_text() == "done\n" * 5
+    ticked = (tmp_path / "ranks" / "rank-1.log").read_text()
+    assert ticked and ticked in ["done\n" * n for n in range(1, 6)], ticked[:300]
     flood = (tmp_path / "ranks" / "rank-0.log").read_text().splitlines()
     broken = [line for line in flood if line != "x" * 200]
     assert flood and not broken, broken[:3]
