@@ -188,6 +188,8 @@ class Relay:
                     timer.daemon = True
                     timer.start()
             self.to_agents(message)
+            if isinstance(message, messages.Stop):  # its agents may all have left already (ranks that
+                self.reap_if_stopped()  # failed on their own first): no leave is left to reap on
         elif isinstance(message, messages.Unstage):
             jobdir.remove_private(self.job_dir)
 
