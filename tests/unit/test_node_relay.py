@@ -333,6 +333,13 @@ def wait_gone(pid: int, timeout_s: float = 10.0) -> bool:
     return gone_or_zombie(pid)
 
 
+def host_relay(server: ControlServer, job_dir: Path) -> relay_host.HostedRelay:
+    """This job's relay in this process, as a node process hosts it (the master's own node, srun)."""
+    hosted = relay_host.host(JOB, job_dir.parent, f"127.0.0.1:{server.port}", 30.0, 10.0)
+    assert hosted is not None
+    return hosted
+
+
 def wait_for_rank(job_dir: Path, rank: int) -> int:
     """The rank's process group, from its pid file (written once the rank started; read once its
     words are there: the file exists a moment before they are)."""
@@ -389,8 +396,7 @@ def test_a_stop_that_finds_every_agent_gone_is_reaped_at_once(cluster, monkeypat
     monkeypatch.setattr(node_relay.Relay, "_tick", lambda self, summary=True: None)
     monkeypatch.setattr(protocol, "RELAY_STOP_MARGIN_S", 60.0)
     server, agent, job_dir = cluster
-    hosted = relay_host.host(JOB, job_dir.parent, f"127.0.0.1:{server.port}", 30.0, 10.0)
-    assert hosted is not None
+    hosted = host_relay(server, job_dir)
     agents = [agent(rank, "exit 3") for rank in range(2)]
     assert [process.wait(timeout=20) for process in agents] == [3, 3]
     assert wait_for(lambda: not hosted.relay.all_links(), 10)
@@ -405,8 +411,7 @@ def test_the_relay_reaps_at_the_stops_deadline_not_at_its_next_tick(cluster, mon
     relay reaps at the deadline itself. Here it never ticks, so only that deadline can reap."""
     monkeypatch.setattr(node_relay.Relay, "_tick", lambda self, summary=True: None)
     server, agent, job_dir = cluster
-    hosted = relay_host.host(JOB, job_dir.parent, f"127.0.0.1:{server.port}", 30.0, 10.0)
-    assert hosted is not None
+    hosted = host_relay(server, job_dir)
     agents = [agent(rank, "sleep 60") for rank in range(2)]
     assert len(take(server, 2)) == 2
     rank = wait_for_rank(job_dir, 0)
@@ -432,8 +437,7 @@ def test_a_node_process_ending_while_its_relay_reaps_waits_for_the_relays_word(c
 
     monkeypatch.setattr(node_relay.reap, "reap_dir", slow_reap)
     server, agent, job_dir = cluster
-    hosted = relay_host.host(JOB, job_dir.parent, f"127.0.0.1:{server.port}", 30.0, 10.0)
-    assert hosted is not None
+    hosted = host_relay(server, job_dir)
     agents = [agent(rank, "sleep 60") for rank in range(2)]
     assert len(take(server, 2)) == 2
     server.stop_all(0.0)
@@ -451,8 +455,7 @@ def test_the_relays_reap_is_in_its_log_before_the_master_hears_it(cluster, monke
     its reap is logged before the word goes out (its last line never comes here)."""
     monkeypatch.setattr(node_relay.Relay, "_say_end", lambda self: None)
     server, agent, job_dir = cluster
-    hosted = relay_host.host(JOB, job_dir.parent, f"127.0.0.1:{server.port}", 30.0, 10.0)
-    assert hosted is not None
+    hosted = host_relay(server, job_dir)
     agents = [agent(rank, "sleep 60") for rank in range(2)]
     assert len(take(server, 2)) == 2
     server.stop_all(0.0)
@@ -508,8 +511,7 @@ def test_a_node_process_runs_the_relay_itself_and_its_agents_join_it(cluster):
     relay in-process: the agents join that one (no relay process is started), the node still speaks
     over one connection, and the relay ends once its agents have, their exits sent."""
     server, agent, job_dir = cluster
-    hosted = relay_host.host(JOB, job_dir.parent, f"127.0.0.1:{server.port}", 30.0, 10.0)
-    assert hosted is not None
+    hosted = host_relay(server, job_dir)
     assert relay_host.host(JOB, job_dir.parent, f"127.0.0.1:{server.port}", 30.0, 10.0) is None  # one a job
     agents = [agent(rank, f"echo up; sleep 1; exit {rank}") for rank in range(3)]
     hellos = take(server, 3)
@@ -529,8 +531,7 @@ def test_a_node_whose_ranks_all_failed_before_the_stop_is_reported_clean(cluster
     own (a peer died) and the relay ended before the master's stop. It says the node is clean, so the
     master does not reach that node to reap it."""
     server, agent, job_dir = cluster
-    hosted = relay_host.host(JOB, job_dir.parent, f"127.0.0.1:{server.port}", 30.0, 10.0)
-    assert hosted is not None
+    hosted = host_relay(server, job_dir)
     agents = [agent(rank, "exit 3") for rank in range(2)]
     kinds = sorted(e.kind.value for e in take(server, 4))
     assert kinds == sorted([EventKind.HELLO.value] * 2 + [EventKind.EXIT.value] * 2)

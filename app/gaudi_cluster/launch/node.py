@@ -154,7 +154,8 @@ def start_zygote(spec: NodeSpec, env: Mapping[str, str], ranks: int) -> Zygote |
         return Zygote(None, conns)
     for old in place.glob("*.sock"):  # a dead one's file, or the zygote of other settings
         old.unlink(missing_ok=True)
-    process = spawn_zygote(spec, env, path, place / f"{name}.log")
+    log = place / f"{name}.log"
+    process = spawn_zygote(spec, env, path, log)
     if process is None:
         return None
     deadline = time.monotonic() + LISTEN_WAIT_S
@@ -168,8 +169,7 @@ def start_zygote(spec: NodeSpec, env: Mapping[str, str], ranks: int) -> Zygote |
         else:
             why = "it refused the connection" if path.exists() else f"not within {LISTEN_WAIT_S:g} s"
         print(
-            f"gaudi-cluster[node]: preimport off: the zygote did not open {path} ({why}; its log: "
-            f"{place / f'{name}.log'})",
+            f"gaudi-cluster[node]: preimport off: the zygote did not open {path} ({why}; its log: {log})",
             flush=True,
         )
         return None
